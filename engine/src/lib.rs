@@ -1,0 +1,1 @@
+//! Our inference engine.
