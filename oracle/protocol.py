@@ -1,0 +1,177 @@
+"""The leg protocol (docs/PROTOCOL.md): request parsing/validation and event writing.
+
+Kept free of torch/vLLM imports so it can be unit-tested and reused by every backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+# Error codes (docs/PROTOCOL.md, table under `error`).
+MALFORMED = "malformed_request"
+BAD_TOKEN = "bad_token"
+EMPTY_PROMPT = "empty_prompt"
+TOO_LONG = "too_long"
+OVER_CAPACITY = "over_capacity"
+LOAD_FAILED = "load_failed"
+INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A request-level error that becomes one `error` event."""
+
+    def __init__(self, code: str, message: str, req_id: str | None = None, fatal: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.req_id = req_id
+        self.fatal = fatal
+
+    def event(self) -> dict:
+        ev: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message, "fatal": self.fatal}
+        if self.req_id is not None:
+            ev["id"] = self.req_id
+        return ev
+
+
+@dataclass
+class GenerateRequest:
+    id: str
+    prompts: list[list[int]]
+    max_tokens: int
+    ignore_eos: bool
+    batch: int
+
+
+@dataclass
+class Limits:
+    """What a backend can accept; used to validate a whole request before it starts."""
+
+    vocab_size: int
+    max_model_len: int
+    # Tokens the KV pool holds (None: no pool, e.g. transformers).
+    kv_capacity_tokens: int | None = None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_line(line: str) -> dict:
+    """One stdin line -> a message dict with a known type, or ProtocolError(malformed)."""
+    try:
+        msg = json.loads(line)
+    except json.JSONDecodeError as e:
+        snippet = line.strip()[:80]
+        raise ProtocolError(MALFORMED, f"request line is not JSON ({e.msg} at column {e.colno}): {snippet!r}; "
+                            "fix: send one JSON object per line") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(MALFORMED, f"request must be a JSON object, got {type(msg).__name__}; "
+                            "fix: send {\"type\": ...} objects")
+    req_id = msg.get("id") if isinstance(msg.get("id"), str) else None
+    t = msg.get("type")
+    if t is None:
+        raise ProtocolError(MALFORMED, "request has no \"type\" field; fix: add \"type\": \"generate\" or \"shutdown\"",
+                            req_id)
+    if t not in ("generate", "shutdown"):
+        raise ProtocolError(MALFORMED, f"unknown request type {t!r}; the oracle accepts \"generate\" and "
+                            "\"shutdown\"", req_id)
+    return msg
+
+
+def parse_generate(msg: dict) -> GenerateRequest:
+    """Check presence and types of every generate field (malformed_request otherwise)."""
+    req_id = msg.get("id")
+    if not isinstance(req_id, str):
+        raise ProtocolError(MALFORMED, "generate needs \"id\": a string" +
+                            ("" if "id" not in msg else f", got {type(req_id).__name__}"))
+    problems = []
+    prompts = msg.get("prompts")
+    if "prompts" not in msg:
+        problems.append("missing \"prompts\" (a list of lists of token ids)")
+    elif not isinstance(prompts, list) or not prompts:
+        problems.append("\"prompts\" must be a non-empty list of lists of integers")
+    else:
+        for i, p in enumerate(prompts):
+            if not isinstance(p, list):
+                problems.append(f"prompts[{i}] is a {type(p).__name__}, not a list of integers")
+                break
+            bad = next((j for j, t in enumerate(p) if not _is_int(t)), None)
+            if bad is not None:
+                problems.append(f"prompts[{i}][{bad}] = {p[bad]!r} is not an integer")
+                break
+    for name, check, want in (
+        ("max_tokens", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+        ("ignore_eos", lambda v: isinstance(v, bool), "a boolean"),
+        ("batch", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    ):
+        if name not in msg:
+            problems.append(f"missing \"{name}\" ({want})")
+        elif not check(msg[name]):
+            problems.append(f"\"{name}\" must be {want}, got {msg[name]!r}")
+    if problems:
+        raise ProtocolError(MALFORMED, "malformed generate request: " + "; ".join(problems), req_id)
+    return GenerateRequest(req_id, prompts, msg["max_tokens"], msg["ignore_eos"], msg["batch"])
+
+
+def validate(req: GenerateRequest, limits: Limits) -> None:
+    """Validate every prompt before any starts (so an error means no result was sent)."""
+    for i, p in enumerate(req.prompts):
+        if not p:
+            raise ProtocolError(EMPTY_PROMPT, f"prompt {i} has no tokens; fix: send at least one token id", req.id)
+        for j, t in enumerate(p):
+            if t < 0 or t >= limits.vocab_size:
+                raise ProtocolError(
+                    BAD_TOKEN,
+                    f"prompt {i}, position {j}: token id {t} is outside the vocabulary [0, {limits.vocab_size}) "
+                    f"(vocab {limits.vocab_size}); fix: tokenize for this model",
+                    req.id,
+                )
+        need = len(p) + req.max_tokens
+        if need > limits.max_model_len:
+            raise ProtocolError(
+                TOO_LONG,
+                f"prompt {i}: {len(p)} prompt tokens + max_tokens {req.max_tokens} = {need} exceeds the model's "
+                f"maximum context {limits.max_model_len}; fix: shorten the prompt or lower max_tokens",
+                req.id,
+            )
+        if limits.kv_capacity_tokens is not None and need > limits.kv_capacity_tokens:
+            raise ProtocolError(
+                OVER_CAPACITY,
+                f"prompt {i} needs {need} KV tokens but the whole pool holds {limits.kv_capacity_tokens}; "
+                "fix: give the leg a bigger KV pool (gpu_memory_utilization / kv_cache_memory_bytes)",
+                req.id,
+            )
+
+
+class Emitter:
+    """Writes protocol events, one JSON object per line, to the protocol stream only."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def emit(self, event: dict) -> None:
+        line = json.dumps(event, separators=(",", ":"), allow_nan=False)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def claim_stdout() -> TextIO:
+    """Reserve the real stdout for protocol lines and send everything else to stderr.
+
+    Duplicates fd 1 to a private descriptor for the protocol, then points fd 1 (and
+    sys.stdout) at stderr, so prints from libraries, C extensions and child processes (vLLM's
+    engine core inherits fd 1) can never corrupt the protocol stream.
+    """
+    sys.stdout.flush()
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(proto_fd, "w", encoding="utf-8", buffering=1)
