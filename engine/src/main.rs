@@ -1,1 +1,199 @@
-fn main() {}
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use engine::load::{self, LoadOptions};
+
+/// Our inference engine: Llama-family checkpoints, paged KV cache, greedy decoding.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the leg protocol (docs/PROTOCOL.md) on stdin/stdout; logs go to stderr.
+    Serve(ModelArgs),
+    /// Generate greedily for one or more prompts and print the new token ids.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Directory with config.json and model.safetensors (or its sharded index).
+    #[arg(long)]
+    model: PathBuf,
+    /// Compute device.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// KV pool size in blocks (default: room for --max-batch sequences of the model's full
+    /// context, at most 1 GiB).
+    #[arg(long, conflicts_with = "kv_cache_memory")]
+    num_blocks: Option<usize>,
+    /// KV pool size in bytes, rounded down to whole blocks.
+    #[arg(long)]
+    kv_cache_memory: Option<usize>,
+    /// Most sequences in flight together.
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt token ids, comma-separated; repeat for several prompts.
+    #[arg(long, action = clap::ArgAction::Append, required_unless_present = "prompts")]
+    prompt: Vec<String>,
+    /// A prompts.json file (`{"schema": 1, "prompts": [{"id": ..., "tokens": [...]}]}`).
+    #[arg(long, conflicts_with = "prompt")]
+    prompts: Option<PathBuf>,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Do not stop at an EOS token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Prompts in flight together.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+}
+
+#[derive(Deserialize)]
+struct PromptsFile {
+    schema: u32,
+    prompts: Vec<PromptEntry>,
+}
+
+#[derive(Deserialize)]
+struct PromptEntry {
+    id: String,
+    tokens: Vec<i64>,
+}
+
+impl ModelArgs {
+    fn options(&self) -> LoadOptions {
+        LoadOptions {
+            model: self.model.clone(),
+            device: self.device.clone(),
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            kv_cache_memory: self.kv_cache_memory,
+            max_batch: self.max_batch,
+        }
+    }
+
+    fn init_threads(&self) {
+        if let Some(n) = self.threads {
+            // Only fails if a pool was built already, which cannot happen this early.
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global();
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            args.init_threads();
+            let code = engine::serve::serve(
+                &args.options(),
+                started,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            );
+            ExitCode::from(code as u8)
+        }
+        Command::Generate(args) => match generate(&args, started) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn read_prompts(args: &GenerateArgs) -> Result<Vec<(String, Vec<i64>)>, String> {
+    if let Some(path) = &args.prompts {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file: PromptsFile = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a prompts file: {e}", path.display()))?;
+        if file.schema != 1 {
+            return Err(format!(
+                "{} has schema {}; this engine reads schema 1",
+                path.display(),
+                file.schema
+            ));
+        }
+        return Ok(file.prompts.into_iter().map(|p| (p.id, p.tokens)).collect());
+    }
+    let mut prompts = Vec::new();
+    for (i, raw) in args.prompt.iter().enumerate() {
+        let tokens = raw
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<i64>()
+                    .map_err(|_| format!("--prompt: {s:?} is not a token id"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        prompts.push((i.to_string(), tokens));
+    }
+    Ok(prompts)
+}
+
+fn generate(args: &GenerateArgs, started: Instant) -> Result<(), String> {
+    args.model.init_threads();
+    let prompts = read_prompts(args)?;
+    let opts = args.model.options();
+    let mut engine = load::load(&opts).map_err(|e| e.to_string())?;
+    let pool = engine.backend().pool();
+    eprintln!(
+        "loaded {} in {:.2} s; KV pool {} blocks x {} = {} tokens",
+        opts.model.display(),
+        started.elapsed().as_secs_f64(),
+        pool.num_blocks,
+        pool.block_size,
+        pool.capacity_tokens()
+    );
+    let token_lists: Vec<Vec<i64>> = prompts.iter().map(|(_, t)| t.clone()).collect();
+    let req = engine
+        .validate(&token_lists, args.max_tokens, args.ignore_eos, args.batch)
+        .map_err(|e| e.to_string())?;
+    let mut results = Vec::new();
+    let summary = engine
+        .generate(&req, |r| {
+            results.push(r);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    results.sort_by_key(|r| r.index);
+    let mut out = std::io::stdout().lock();
+    for r in &results {
+        let ids: Vec<String> = r.tokens.iter().map(u32::to_string).collect();
+        let _ = writeln!(out, "{}: {}", prompts[r.index].0, ids.join(","));
+    }
+    eprintln!(
+        "{} new tokens in {:.3} s ({:.1} tokens/s)",
+        summary.tokens,
+        summary.wall_s,
+        summary.tokens as f64 / summary.wall_s
+    );
+    Ok(())
+}

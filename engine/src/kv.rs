@@ -1,0 +1,209 @@
+//! The paged KV cache's bookkeeping: the pool's size, the free list, and each sequence's block
+//! table. The storage itself belongs to the backend (host memory or device memory); this module
+//! only decides which block holds which positions, so every backend pages the same way.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+
+/// How big the pool is, as resolved from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShape {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// Bytes of one block across every layer, K and V.
+    pub bytes_per_block: usize,
+}
+
+impl PoolShape {
+    pub fn capacity_tokens(&self) -> usize {
+        self.block_size * self.num_blocks
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes_per_block * self.num_blocks
+    }
+
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+}
+
+/// Where the pool's size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSize {
+    Blocks(usize),
+    Bytes(usize),
+    /// Room for `max_batch` sequences of the model's full context, within `cap_bytes`.
+    Default {
+        max_batch: usize,
+        cap_bytes: usize,
+    },
+}
+
+/// Bytes one token occupies in the cache: K and V, every layer, every KV head.
+pub fn bytes_per_token(cfg: &ModelConfig, elem_bytes: usize) -> usize {
+    cfg.num_layers * 2 * cfg.kv_dim() * elem_bytes
+}
+
+pub fn resolve_pool(
+    cfg: &ModelConfig,
+    block_size: usize,
+    size: PoolSize,
+    elem_bytes: usize,
+) -> Result<PoolShape> {
+    if block_size == 0 {
+        return Err(Error::Config {
+            message: "--block-size must be at least 1".into(),
+        });
+    }
+    let bytes_per_block = bytes_per_token(cfg, elem_bytes) * block_size;
+    let num_blocks = match size {
+        PoolSize::Blocks(n) => n,
+        PoolSize::Bytes(b) => b / bytes_per_block,
+        PoolSize::Default {
+            max_batch,
+            cap_bytes,
+        } => {
+            let wanted = max_batch * cfg.max_position_embeddings.div_ceil(block_size);
+            wanted.min(cap_bytes / bytes_per_block)
+        }
+    };
+    if num_blocks == 0 {
+        return Err(Error::Config {
+            message: format!(
+                "the KV pool would hold no block: one block of {block_size} tokens takes \
+                 {bytes_per_block} bytes here; give --num-blocks 1 or more, or \
+                 --kv-cache-memory {bytes_per_block} or more"
+            ),
+        });
+    }
+    Ok(PoolShape {
+        block_size,
+        num_blocks,
+        bytes_per_block,
+    })
+}
+
+/// Free-list allocator over the pool's block ids.
+#[derive(Debug)]
+pub struct BlockAllocator {
+    shape: PoolShape,
+    /// Free block ids, handed out lowest first so that runs are reproducible.
+    free: Vec<u32>,
+}
+
+impl BlockAllocator {
+    pub fn new(shape: PoolShape) -> Self {
+        let free = (0..shape.num_blocks as u32).rev().collect();
+        Self { shape, free }
+    }
+
+    pub fn shape(&self) -> PoolShape {
+        self.shape
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// A block table for a sequence of up to `tokens` tokens, or `None` if the pool has not
+    /// enough free blocks now. Reserving the whole sequence up front means a sequence never
+    /// stalls or is preempted halfway.
+    pub fn reserve(&mut self, tokens: usize) -> Option<BlockTable> {
+        let n = self.shape.blocks_for(tokens);
+        if n > self.free.len() {
+            return None;
+        }
+        let blocks = self.free.split_off(self.free.len() - n);
+        Some(BlockTable {
+            blocks: blocks.into_iter().rev().collect(),
+            block_size: self.shape.block_size,
+        })
+    }
+
+    pub fn release(&mut self, table: BlockTable) {
+        self.free.extend(table.blocks.into_iter().rev());
+        // Keep lowest-first order for the next reservation.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+}
+
+/// The blocks of one sequence, in position order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockTable {
+    pub blocks: Vec<u32>,
+    pub block_size: usize,
+}
+
+impl BlockTable {
+    /// (block id, slot within the block) of a position.
+    pub fn locate(&self, position: usize) -> (usize, usize) {
+        (
+            self.blocks[position / self.block_size] as usize,
+            position % self.block_size,
+        )
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.blocks.len() * self.block_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ModelConfig {
+        ModelConfig::parse(
+            &serde_json::json!({
+                "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 100,
+                "max_position_embeddings": 100,
+            })
+            .to_string(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pool_from_bytes_and_blocks() {
+        let c = cfg();
+        // 2 layers x K,V x 2 heads x 16 dims x 4 bytes = 512 bytes per token.
+        assert_eq!(bytes_per_token(&c, 4), 512);
+        let p = resolve_pool(&c, 16, PoolSize::Bytes(512 * 16 * 10 + 100), 4).unwrap();
+        assert_eq!((p.num_blocks, p.capacity_tokens()), (10, 160));
+        let p = resolve_pool(&c, 8, PoolSize::Blocks(3), 4).unwrap();
+        assert_eq!((p.capacity_tokens(), p.bytes()), (24, 24 * 512));
+        let p = resolve_pool(
+            &c,
+            16,
+            PoolSize::Default {
+                max_batch: 2,
+                cap_bytes: 1 << 30,
+            },
+            4,
+        )
+        .unwrap();
+        assert_eq!(p.num_blocks, 2 * 7); // ceil(100 / 16) = 7 per sequence
+        let e = resolve_pool(&c, 16, PoolSize::Bytes(100), 4).unwrap_err();
+        assert!(e.to_string().contains("--kv-cache-memory 8192"), "{e}");
+    }
+
+    #[test]
+    fn reserve_and_release_reuse_blocks() {
+        let c = cfg();
+        let mut a = BlockAllocator::new(resolve_pool(&c, 4, PoolSize::Blocks(5), 4).unwrap());
+        let t1 = a.reserve(9).unwrap(); // 3 blocks
+        assert_eq!(t1.blocks, vec![0, 1, 2]);
+        assert_eq!(t1.locate(0), (0, 0));
+        assert_eq!(t1.locate(5), (1, 1));
+        assert_eq!(t1.locate(8), (2, 0));
+        assert!(a.reserve(9).is_none(), "only 2 blocks are left");
+        let t2 = a.reserve(8).unwrap();
+        assert_eq!(t2.blocks, vec![3, 4]);
+        a.release(t1);
+        assert_eq!(a.free_blocks(), 3);
+        assert_eq!(a.reserve(12).unwrap().blocks, vec![0, 1, 2]);
+    }
+}

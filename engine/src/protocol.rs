@@ -1,0 +1,180 @@
+//! The leg protocol's messages (docs/PROTOCOL.md): requests parsed from stdin lines, events
+//! written to stdout as one JSON object per line.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct GenerateRequest {
+    pub id: String,
+    /// Signed so that a negative id is reported as a bad token, not as malformed JSON.
+    pub prompts: Vec<Vec<i64>>,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    pub batch: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    Generate(GenerateRequest),
+    Shutdown,
+}
+
+/// Parses one request line. On failure, the request's `id` is returned too where it could be
+/// read, so the error event can name the request.
+pub fn parse_request(line: &str) -> Result<Request, (Option<String>, Error)> {
+    let malformed = |id: Option<String>, message: String| (id, Error::MalformedRequest { message });
+    let value: serde_json::Value = serde_json::from_str(line)
+        .map_err(|e| malformed(None, format!("the line is not JSON ({e}): {}", clip(line))))?;
+    let id = value.get("id").and_then(|v| v.as_str()).map(String::from);
+    let Some(kind) = value.get("type").and_then(|t| t.as_str()) else {
+        return Err(malformed(
+            id,
+            format!("no string \"type\" field in {}", clip(line)),
+        ));
+    };
+    match kind {
+        "generate" => serde_json::from_value(value)
+            .map(Request::Generate)
+            .map_err(|e| malformed(id, format!("generate: {e}"))),
+        "shutdown" => Ok(Request::Shutdown),
+        other => Err(malformed(
+            id,
+            format!("unknown request type {other:?} (expected \"generate\" or \"shutdown\")"),
+        )),
+    }
+}
+
+fn clip(line: &str) -> String {
+    const MAX: usize = 200;
+    match line.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &line[..i]),
+        None => line.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Kv {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub capacity_tokens: usize,
+    pub bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Ready {
+        load_s: f64,
+        kv: Option<Kv>,
+        features: serde_json::Value,
+        versions: serde_json::Value,
+        resolved: serde_json::Value,
+        pid: u32,
+        pids: Vec<u32>,
+    },
+    Result {
+        id: String,
+        index: usize,
+        tokens: Vec<u32>,
+        elapsed_s: f64,
+        ttft_s: f64,
+    },
+    Done {
+        id: String,
+        wall_s: f64,
+        tokens: usize,
+    },
+    Error {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        code: &'static str,
+        message: String,
+        fatal: bool,
+    },
+}
+
+impl Event {
+    pub fn error(id: Option<String>, e: &Error) -> Self {
+        Self::Error {
+            id,
+            code: e.code(),
+            message: e.to_string(),
+            fatal: e.is_fatal(),
+        }
+    }
+
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("events are plain data")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(line: &str) -> (Option<String>, String, &'static str) {
+        let (id, e) = parse_request(line).unwrap_err();
+        (id, e.to_string(), e.code())
+    }
+
+    #[test]
+    fn parses_generate_and_shutdown() {
+        let r = parse_request(
+            r#"{"type":"generate","id":"a","prompts":[[1,2],[3]],"max_tokens":4,"ignore_eos":true,"batch":2}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::Generate(GenerateRequest {
+                id: "a".into(),
+                prompts: vec![vec![1, 2], vec![3]],
+                max_tokens: 4,
+                ignore_eos: true,
+                batch: 2
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"type":"shutdown"}"#).unwrap(),
+            Request::Shutdown
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_named() {
+        let (id, m, code) = err("not json");
+        assert_eq!((id, code), (None, "malformed_request"));
+        assert!(m.contains("not JSON") && m.contains("not json"), "{m}");
+        let (_, m, _) = err(r#"{"id":"x"}"#);
+        assert!(m.contains("no string \"type\""), "{m}");
+        let (id, m, _) = err(r#"{"type":"fly","id":"x"}"#);
+        assert_eq!(id.as_deref(), Some("x"));
+        assert!(m.contains("unknown request type \"fly\""), "{m}");
+        let (id, m, _) =
+            err(r#"{"type":"generate","id":"g","prompts":[[1]],"ignore_eos":true,"batch":1}"#);
+        assert_eq!(id.as_deref(), Some("g"));
+        assert!(m.contains("missing field `max_tokens`"), "{m}");
+        let (_, m, _) = err(
+            r#"{"type":"generate","id":"g","prompts":"1,2","max_tokens":1,"ignore_eos":true,"batch":1}"#,
+        );
+        assert!(m.contains("invalid type"), "{m}");
+    }
+
+    #[test]
+    fn events_serialize_with_type_tag() {
+        let line = Event::Done {
+            id: "a".into(),
+            wall_s: 1.5,
+            tokens: 3,
+        }
+        .to_line();
+        assert_eq!(line, r#"{"type":"done","id":"a","wall_s":1.5,"tokens":3}"#);
+        let e = Event::error(None, &Error::EmptyPrompt { prompt: 2 }).to_line();
+        let v: serde_json::Value = serde_json::from_str(&e).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["code"], "empty_prompt");
+        assert_eq!(v["fatal"], false);
+        assert!(v.get("id").is_none());
+    }
+}

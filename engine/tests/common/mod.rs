@@ -1,0 +1,145 @@
+//! Helpers shared by the engine's integration tests: the tiny units, and `engine serve` driven
+//! as a child process exactly as the orchestrator drives it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+
+use serde_json::{json, Value};
+
+pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3"];
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn unit_dir(unit: &str) -> PathBuf {
+    repo().join("goldens").join(unit)
+}
+
+pub fn model_dir(unit: &str) -> PathBuf {
+    unit_dir(unit).join("model")
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// (prompt token lists, golden token lists, golden max_tokens), in the prompts file's order.
+pub fn battery(unit: &str) -> (Vec<Vec<i64>>, Vec<Vec<u32>>, usize) {
+    let prompts = read_json(&unit_dir(unit).join("prompts.json"));
+    let golden = read_json(&unit_dir(unit).join("golden.json"));
+    assert_eq!(golden["ignore_eos"], true, "{unit}: golden must ignore EOS");
+    let mut ps = Vec::new();
+    let mut gs = Vec::new();
+    for p in prompts["prompts"].as_array().unwrap() {
+        let id = p["id"].as_str().unwrap();
+        let out = golden["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["id"] == id)
+            .unwrap_or_else(|| panic!("{unit}: golden has no output for {id}"));
+        ps.push(serde_json::from_value(p["tokens"].clone()).unwrap());
+        gs.push(serde_json::from_value(out["tokens"].clone()).unwrap());
+    }
+    (ps, gs, golden["max_tokens"].as_u64().unwrap() as usize)
+}
+
+pub struct Leg {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Leg {
+    pub fn start(model: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("engine binary starts");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    pub fn send(&mut self, v: &Value) {
+        self.send_line(&v.to_string());
+    }
+
+    /// The next event; panics on end of output or a line that is not JSON.
+    pub fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).unwrap();
+        assert!(n > 0, "the leg closed stdout");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"))
+    }
+
+    /// Sends a generate request and collects results by index, then `done`.
+    pub fn generate(
+        &mut self,
+        id: &str,
+        prompts: &[Vec<i64>],
+        max_tokens: usize,
+        batch: usize,
+    ) -> (Vec<Value>, Value) {
+        self.send(&json!({"type": "generate", "id": id, "prompts": prompts,
+            "max_tokens": max_tokens, "ignore_eos": true, "batch": batch}));
+        let mut results = vec![Value::Null; prompts.len()];
+        loop {
+            let ev = self.recv();
+            match ev["type"].as_str() {
+                Some("result") => {
+                    assert_eq!(ev["id"], id);
+                    let i = ev["index"].as_u64().unwrap() as usize;
+                    assert!(results[i].is_null(), "two results for prompt {i}");
+                    results[i] = ev;
+                }
+                Some("done") => {
+                    assert!(
+                        results.iter().all(|r| !r.is_null()),
+                        "done before all results"
+                    );
+                    return (results, ev);
+                }
+                _ => panic!("unexpected event {ev}"),
+            }
+        }
+    }
+
+    pub fn shutdown(mut self) -> ExitStatus {
+        self.send(&json!({"type": "shutdown"}));
+        self.wait()
+    }
+
+    /// Closes stdin and waits; asserts nothing more was printed.
+    pub fn wait(mut self) -> ExitStatus {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        assert!(rest.is_empty(), "output after the last event: {rest:?}");
+        self.child.wait().unwrap()
+    }
+}

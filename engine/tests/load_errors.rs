@@ -1,0 +1,155 @@
+//! A broken checkpoint is a `load_failed` error event that names the cause, then exit status 1:
+//! never a panic, never an out-of-bounds read.
+
+mod common;
+
+use std::path::Path;
+
+use common::{model_dir, Leg};
+use serde_json::json;
+
+/// Copies a tiny unit's model into a temporary directory to break it there.
+fn copy_model(unit: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(model_dir(unit)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
+    }
+    tmp
+}
+
+/// Starts `engine serve` on `model` and returns the message of the fatal error it must send.
+fn load_error(model: &Path) -> String {
+    let mut leg = Leg::start(model, &[]);
+    let ev = leg.recv();
+    assert_eq!(ev["type"], "error", "{ev}");
+    assert_eq!(ev["code"], "load_failed", "{ev}");
+    assert_eq!(ev["fatal"], true);
+    let status = leg.wait();
+    assert_eq!(status.code(), Some(1));
+    ev["message"].as_str().unwrap().to_string()
+}
+
+/// The header (as JSON) and the data section of a safetensors file.
+fn split(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    (header, bytes[8 + n..].to_vec())
+}
+
+fn join(header: &serde_json::Value, data: &[u8]) -> Vec<u8> {
+    let h = header.to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+#[test]
+fn missing_and_misshapen_tensors_are_all_listed() {
+    let tmp = copy_model("tiny-llama");
+    let file = tmp.path().join("model.safetensors");
+    let (mut header, data) = split(&file);
+    // Drop one tensor (its bytes stay, renamed, so the file is still consistent) and give
+    // another a wrong shape with the same element count.
+    let t = header
+        .as_object_mut()
+        .unwrap()
+        .remove("model.layers.1.mlp.up_proj.weight")
+        .unwrap();
+    header["model.layers.1.mlp.up_proj.unused"] = t;
+    header["model.layers.0.self_attn.q_proj.weight"]["shape"] = json!([32, 128]);
+    std::fs::write(&file, join(&header, &data)).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("2 problem(s)"), "{msg}");
+    assert!(
+        msg.contains("model.layers.1.mlp.up_proj.weight: missing"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "model.layers.0.self_attn.q_proj.weight: shape [32, 128], config.json implies [64, 64]"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn truncated_file_is_refused() {
+    let tmp = copy_model("tiny-llama");
+    let file = tmp.path().join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len - 1000)
+        .unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("is not a valid safetensors file"), "{msg}");
+    assert!(msg.contains("truncated"), "{msg}");
+}
+
+#[test]
+fn header_that_lies_about_offsets_is_refused() {
+    let tmp = copy_model("tiny-llama");
+    let file = tmp.path().join("model.safetensors");
+    let (mut header, data) = split(&file);
+    // Point the last tensor past the end of the data.
+    let last = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .max_by_key(|(_, v)| v["data_offsets"][1].as_u64().unwrap())
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    let end = header[&last]["data_offsets"][1].as_u64().unwrap();
+    header[&last]["data_offsets"][1] = json!(end + 4096);
+    std::fs::write(&file, join(&header, &data)).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("is not a valid safetensors file"), "{msg}");
+
+    // A header length larger than the file.
+    let mut bytes = join(&header, &data);
+    bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("is not a valid safetensors file"), "{msg}");
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let tmp = copy_model("tiny-llama");
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg = common::read_json(&cfg_path);
+    cfg["architectures"] = json!(["MambaForCausalLM"]);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(
+        msg.contains("unknown architecture \"MambaForCausalLM\""),
+        "{msg}"
+    );
+    assert!(msg.contains("LlamaForCausalLM"), "{msg}");
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let tmp = copy_model("tiny-qwen");
+    let index = common::read_json(&tmp.path().join("model.safetensors.index.json"));
+    let shard = index["weight_map"]["model.norm.weight"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::remove_file(tmp.path().join(&shard)).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("names shard(s) that are not in"), "{msg}");
+    assert!(msg.contains(&shard), "{msg}");
+}
+
+#[test]
+fn missing_model_directory_is_named() {
+    let msg = load_error(Path::new("/nonexistent/model"));
+    assert!(msg.contains("/nonexistent/model/config.json"), "{msg}");
+}
