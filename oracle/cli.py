@@ -20,7 +20,7 @@ VLLM_OPTIONS = {
     "attention-backend": (str, "e.g. FLASH_ATTN, TRITON_ATTN, FLASHINFER (default: vLLM's choice)"),
     "seed": (int, "vLLM seed (default 0)"),
 }
-OPTION_KEYS = ["enforce_eager"] + [k.replace("-", "_") for k in VLLM_OPTIONS]
+OPTION_KEYS = ["enforce_eager", "enable_prefix_caching"] + [k.replace("-", "_") for k in VLLM_OPTIONS]
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vllm options (rejected for --backend transformers)")
     g.add_argument("--enforce-eager", action="store_const", const=True, default=None,
                    help="disable torch.compile and CUDA graphs (default: off, graphs on, as a user runs vLLM)")
+    g.add_argument("--enable-prefix-caching", action="store_const", const=True, default=None,
+                   help="vLLM prefix caching (default: off here, unlike vLLM: the battery repeats identical "
+                        "prompts, and skipped prefills would not compare like with like)")
     for flag, (typ, help_) in VLLM_OPTIONS.items():
         g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
 
