@@ -1,0 +1,370 @@
+//! The token gate: each leg's tokens against the golden that applies to it, as grand totals over
+//! every battery repeat and batch size, so a leg that matched once and diverged later cannot pass.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use super::{golden_config, Gate, GateInput, GateResult, Mismatch, Refusal, Verdict};
+use crate::leg::{LegName, LegRecord, RequestKind};
+use crate::unit::{Golden, Unit};
+
+/// Grand totals of one leg against one golden.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenTally {
+    /// Positions matched before each row's first difference, summed over rows.
+    pub matched: u64,
+    /// Golden positions compared, summed over rows.
+    pub expected: u64,
+    /// Distinct prompts compared.
+    pub prompts: usize,
+    /// Rows (prompt x repeat x batch size) equal to the golden.
+    pub full_rows: u64,
+    /// Rows that stopped before the golden did (what they produced may still match).
+    pub short_rows: u64,
+    pub rows: u64,
+    /// The first mismatch per failing prompt (earliest position over all its rows).
+    pub mismatches: Vec<Mismatch>,
+}
+
+impl TokenTally {
+    pub fn passed(&self) -> bool {
+        self.rows > 0 && self.full_rows == self.rows && self.matched == self.expected
+    }
+
+    /// The reference report's wording.
+    pub fn summary(&self) -> String {
+        format!(
+            "TOKEN MATCH: {}/{} over {} prompt(s) (full rows={}, short rows={})",
+            self.matched, self.expected, self.prompts, self.full_rows, self.short_rows
+        )
+    }
+}
+
+/// Compares every max_tokens=N battery row of `leg` with `golden`.
+pub fn tally(
+    leg: &LegRecord,
+    prompt_ids: &[String],
+    golden: &Golden,
+    max_tokens: u32,
+    near_tie_margin: f64,
+) -> TokenTally {
+    let mut t = TokenTally {
+        prompts: prompt_ids.len(),
+        ..Default::default()
+    };
+    let mut first: Vec<Option<Mismatch>> = vec![None; prompt_ids.len()];
+    for req in leg
+        .battery_requests()
+        .filter(|r| matches!(r.kind, RequestKind::Decode | RequestKind::Batch))
+    {
+        for res in &req.results {
+            let Some(id) = prompt_ids.get(res.index) else {
+                continue;
+            };
+            let Some(out) = golden.output(id) else {
+                continue;
+            };
+            let want = &out.tokens[..out.tokens.len().min(max_tokens as usize)];
+            let got = &res.tokens;
+            let prefix = want.iter().zip(got).take_while(|(a, b)| a == b).count();
+            t.rows += 1;
+            t.expected += want.len() as u64;
+            t.matched += prefix as u64;
+            if got.as_slice() == want {
+                t.full_rows += 1;
+                continue;
+            }
+            if got.len() < want.len() {
+                t.short_rows += 1;
+            }
+            // A row longer than the golden differs at the golden's end: report the golden's last
+            // position as the place (there is no golden token beyond it).
+            let position = prefix.min(want.len().saturating_sub(1));
+            let margin = out
+                .margins
+                .as_ref()
+                .and_then(|m| m.get(position).copied().flatten());
+            let m = Mismatch {
+                prompt: id.clone(),
+                pass: req.pass,
+                batch: req.batch,
+                position,
+                got: got.get(position).copied(),
+                want: want.get(position).copied().unwrap_or(0),
+                margin,
+                near_tie: margin.is_some_and(|m| m.abs() < near_tie_margin),
+            };
+            let slot = &mut first[res.index];
+            if slot.as_ref().is_none_or(|s| m.position < s.position) {
+                *slot = Some(m);
+            }
+        }
+    }
+    t.mismatches = first.into_iter().flatten().collect();
+    t
+}
+
+/// The device and dtype a leg ran with: what it reported, else what the unit asked for.
+pub fn leg_device_dtype(unit: &Unit, leg: &LegRecord) -> (String, String) {
+    let c = &unit.config;
+    let (dev, dt) = match leg.leg {
+        LegName::Engine => (c.engine.device.as_str(), "float32"),
+        LegName::Oracle => (c.oracle.device.as_str(), c.oracle.dtype.as_str()),
+    };
+    let ready = leg.ready.as_ref();
+    (
+        ready.and_then(|r| r.device()).unwrap_or(dev).to_string(),
+        ready.and_then(|r| r.dtype()).unwrap_or(dt).to_string(),
+    )
+}
+
+/// The golden (path as written in the unit, and content) that applies to a leg.
+pub fn golden_for<'a>(
+    input: &'a GateInput,
+    leg: &LegRecord,
+) -> Result<(PathBuf, &'a Golden), Refusal> {
+    let (device, dtype) = leg_device_dtype(input.unit, leg);
+    input
+        .unit
+        .golden_for(&device, &dtype)
+        .and_then(|g| {
+            input
+                .goldens
+                .get(&g.file)
+                .map(|gold| (g.file.clone(), gold))
+        })
+        .ok_or(Refusal::NoGolden {
+            leg: leg.leg,
+            device,
+            dtype,
+        })
+}
+
+pub struct TokenGate;
+
+impl Gate for TokenGate {
+    fn name(&self) -> &'static str {
+        "token"
+    }
+
+    fn judge(&self, input: &GateInput) -> Vec<GateResult> {
+        let mut out = vec![];
+        let ids = input.prompt_ids;
+        for leg in [LegName::Engine, LegName::Oracle] {
+            let rec = input.leg(leg);
+            if !rec.measured() {
+                out.push(GateResult::new(
+                    self.name(),
+                    Some(leg),
+                    Verdict::NotApplicable {
+                        reason: format!("the {leg} leg did not complete its battery"),
+                    },
+                ));
+                continue;
+            }
+            let (file, golden) = match golden_for(input, rec) {
+                Ok(g) => g,
+                Err(r) => {
+                    out.push(GateResult::new(
+                        self.name(),
+                        Some(leg),
+                        Verdict::Refused { refusal: r },
+                    ));
+                    continue;
+                }
+            };
+            let c = &input.unit.config;
+            let t = tally(
+                rec,
+                ids,
+                golden,
+                c.battery.max_tokens,
+                c.gates.near_tie_margin,
+            );
+            // The oracle is judged against its golden only if it ran the golden's config.
+            let diffs = if leg == LegName::Oracle {
+                golden_config::diffs(rec, golden, &c.gates.golden_config_ignore)
+            } else {
+                vec![]
+            };
+            let verdict = if !diffs.is_empty() {
+                let keys: Vec<&str> = diffs.iter().map(|d| d.key.as_str()).collect();
+                Verdict::NotApplicable {
+                    reason: format!(
+                        "{} against {}, but the golden was captured under another oracle config (differing keys: {}), so the oracle-vs-golden check does not apply",
+                        t.summary(),
+                        file.display(),
+                        keys.join(", ")
+                    ),
+                }
+            } else if t.passed() {
+                Verdict::Pass {
+                    text: format!("{} against {}", t.summary(), file.display()),
+                }
+            } else {
+                Verdict::Refused {
+                    refusal: Refusal::TokenMismatch {
+                        leg,
+                        summary: t.summary(),
+                        golden: file,
+                        mismatches: t.mismatches.clone(),
+                    },
+                }
+            };
+            out.push(GateResult::new(self.name(), Some(leg), verdict));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leg::{PhaseTime, RequestRecord};
+    use crate::protocol::PromptResult;
+    use crate::unit::{GoldenCapture, GoldenOutput};
+    use crate::watchdog::Phase;
+
+    fn golden() -> Golden {
+        Golden {
+            schema: 1,
+            max_tokens: 4,
+            ignore_eos: true,
+            capture: GoldenCapture {
+                backend: None,
+                versions: Default::default(),
+                dtype: None,
+                device: None,
+                resolved: Default::default(),
+            },
+            outputs: vec![
+                GoldenOutput {
+                    id: "p0".into(),
+                    tokens: vec![1, 2, 3, 4],
+                    margins: Some(vec![Some(1.0), Some(1.0), Some(0.0001), Some(1.0)]),
+                },
+                GoldenOutput {
+                    id: "p1".into(),
+                    tokens: vec![5, 6, 7, 8],
+                    margins: None,
+                },
+            ],
+        }
+    }
+
+    fn leg(rows: Vec<(u32, Vec<Vec<u32>>)>) -> LegRecord {
+        let requests = rows
+            .into_iter()
+            .map(|(pass, toks)| RequestRecord {
+                id: format!("r{pass}"),
+                phase: Phase::Battery,
+                pass,
+                kind: RequestKind::Decode,
+                batch: 1,
+                max_tokens: 4,
+                wall_s: 1.0,
+                results: toks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, tokens)| PromptResult {
+                        id: format!("r{pass}"),
+                        index: i,
+                        tokens,
+                        elapsed_s: 0.1,
+                        ttft_s: None,
+                    })
+                    .collect(),
+            })
+            .collect();
+        LegRecord {
+            leg: LegName::Engine,
+            argv: vec![],
+            log: "x".into(),
+            ready: None,
+            phases: vec![PhaseTime {
+                phase: Phase::Battery,
+                elapsed_s: 1.0,
+                ok: true,
+            }],
+            requests,
+            watchdog: None,
+            stragglers: vec![],
+            exit_status: Some(0),
+            failure: None,
+            host_mem: Default::default(),
+            prior_starts: vec![],
+        }
+    }
+
+    fn ids() -> Vec<String> {
+        vec!["p0".into(), "p1".into()]
+    }
+
+    #[test]
+    fn all_rows_match_text_is_exact() {
+        let l = leg(vec![
+            (0, vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]]),
+            (1, vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]]),
+        ]);
+        let t = tally(&l, &ids(), &golden(), 4, 1e-3);
+        assert!(t.passed());
+        assert_eq!(
+            t.summary(),
+            "TOKEN MATCH: 16/16 over 2 prompt(s) (full rows=4, short rows=0)"
+        );
+    }
+
+    #[test]
+    fn a_second_repeat_that_diverges_fails_the_grand_total() {
+        let l = leg(vec![
+            (0, vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]]),
+            (1, vec![vec![1, 2, 9, 9], vec![5, 6, 7]]),
+        ]);
+        let t = tally(&l, &ids(), &golden(), 4, 1e-3);
+        assert!(!t.passed());
+        assert_eq!(
+            t.summary(),
+            "TOKEN MATCH: 13/16 over 2 prompt(s) (full rows=2, short rows=1)"
+        );
+        assert_eq!(t.mismatches.len(), 2);
+        let m0 = &t.mismatches[0];
+        assert_eq!(
+            (m0.prompt.as_str(), m0.position, m0.got, m0.want, m0.pass),
+            ("p0", 2, Some(9), 3, 1)
+        );
+        assert!(m0.near_tie, "margin 1e-4 < 1e-3 is a near-tie");
+        assert!(m0.to_string().contains("at a recorded near-tie"), "{m0}");
+        let m1 = &t.mismatches[1];
+        assert_eq!((m1.position, m1.got, m1.margin), (3, None, None));
+        assert!(m1.to_string().contains("stopped early"), "{m1}");
+    }
+
+    #[test]
+    fn mismatch_off_a_near_tie_is_said_so() {
+        let l = leg(vec![(0, vec![vec![7, 2, 3, 4], vec![5, 6, 7, 8]])]);
+        let t = tally(&l, &ids(), &golden(), 4, 1e-3);
+        assert_eq!(
+            t.summary(),
+            "TOKEN MATCH: 4/8 over 2 prompt(s) (full rows=1, short rows=0)"
+        );
+        assert!(!t.mismatches[0].near_tie);
+        assert!(t.mismatches[0].to_string().contains("not a near-tie"));
+    }
+
+    #[test]
+    fn golden_longer_than_battery_compares_only_max_tokens() {
+        let l = leg(vec![(0, vec![vec![1, 2], vec![5, 6]])]);
+        let t = tally(&l, &ids(), &golden(), 2, 1e-3);
+        assert!(t.passed());
+        assert_eq!(
+            t.summary(),
+            "TOKEN MATCH: 4/4 over 2 prompt(s) (full rows=2, short rows=0)"
+        );
+    }
+
+    #[test]
+    fn no_rows_never_passes() {
+        let l = leg(vec![]);
+        assert!(!tally(&l, &ids(), &golden(), 4, 1e-3).passed());
+    }
+}

@@ -1,0 +1,17 @@
+//! The differential benchmark orchestrator: runs our engine and an oracle over one unit's
+//! prompts on one leased machine, gates the result, and writes a record and a ratio table.
+//! docs/UNIT.md, docs/GATES.md and docs/RECORD.md describe its inputs and outputs.
+
+pub mod gates;
+pub mod lease;
+pub mod leg;
+pub mod preflight;
+pub mod progress;
+pub mod protocol;
+pub mod record;
+pub mod run;
+pub mod sampler;
+pub mod table;
+pub mod timing;
+pub mod unit;
+pub mod watchdog;

@@ -1,0 +1,212 @@
+//! The leg protocol of docs/PROTOCOL.md: the events a leg sends and the requests we send it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Kv {
+    pub block_size: u64,
+    pub num_blocks: u64,
+    pub capacity_tokens: u64,
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    /// Keys a leg may add (vLLM's `vllm_reported_tokens`), kept for the record.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ready {
+    pub load_s: f64,
+    pub kv: Option<Kv>,
+    #[serde(default)]
+    pub features: Map<String, Value>,
+    #[serde(default)]
+    pub versions: Map<String, Value>,
+    #[serde(default)]
+    pub resolved: Map<String, Value>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub pids: Vec<u32>,
+}
+
+impl Ready {
+    fn feature_str(&self, key: &str) -> Option<&str> {
+        self.features.get(key).and_then(Value::as_str)
+    }
+    pub fn backend(&self) -> Option<&str> {
+        self.feature_str("backend")
+    }
+    pub fn device(&self) -> Option<&str> {
+        self.feature_str("device")
+    }
+    pub fn dtype(&self) -> Option<&str> {
+        self.feature_str("dtype")
+    }
+    /// `features.degraded` as strings; a missing list reads as empty, a non-list as one entry.
+    pub fn degraded(&self) -> Vec<String> {
+        match self.features.get("degraded") {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .collect(),
+            Some(v) => vec![v.to_string()],
+        }
+    }
+    /// Why a leg has no pool (`features.kv`), for a `kv: null` leg.
+    pub fn no_kv_reason(&self) -> String {
+        match self.features.get("kv") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => "the leg reported kv: null and gave no reason in features.kv".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PromptResult {
+    pub id: String,
+    pub index: usize,
+    pub tokens: Vec<u32>,
+    pub elapsed_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Done {
+    pub id: String,
+    pub wall_s: f64,
+    #[serde(default)]
+    pub tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorEvent {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub fatal: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    Ready(Box<Ready>),
+    Result(PromptResult),
+    Done(Done),
+    Error(ErrorEvent),
+}
+
+/// Why a stdout line is not a protocol event; the caller quotes the line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LineProblem {
+    NotJson(String),
+    NoType,
+    UnknownType(String),
+    BadFields(String, String),
+}
+
+impl std::fmt::Display for LineProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineProblem::NotJson(e) => write!(f, "not a JSON object ({e})"),
+            LineProblem::NoType => write!(f, "a JSON object with no \"type\" field"),
+            LineProblem::UnknownType(t) => write!(f, "an unknown event type {t:?}"),
+            LineProblem::BadFields(t, e) => {
+                write!(f, "a {t:?} event with missing or mistyped fields ({e})")
+            }
+        }
+    }
+}
+
+pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
+    let v: Value = serde_json::from_str(line).map_err(|e| LineProblem::NotJson(e.to_string()))?;
+    let Value::Object(obj) = &v else {
+        return Err(LineProblem::NotJson("not an object".into()));
+    };
+    let ty = obj
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or(LineProblem::NoType)?
+        .to_string();
+    let bad = |e: serde_json::Error| LineProblem::BadFields(ty.clone(), e.to_string());
+    match ty.as_str() {
+        "ready" => Ok(Event::Ready(Box::new(
+            serde_json::from_value(v.clone()).map_err(bad)?,
+        ))),
+        "result" => Ok(Event::Result(
+            serde_json::from_value(v.clone()).map_err(bad)?,
+        )),
+        "done" => Ok(Event::Done(serde_json::from_value(v.clone()).map_err(bad)?)),
+        "error" => Ok(Event::Error(
+            serde_json::from_value(v.clone()).map_err(bad)?,
+        )),
+        _ => Err(LineProblem::UnknownType(ty)),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Generate<'a> {
+    #[serde(rename = "type")]
+    pub ty: &'static str,
+    pub id: &'a str,
+    pub prompts: &'a [Vec<u32>],
+    pub max_tokens: u32,
+    pub ignore_eos: bool,
+    pub batch: u32,
+}
+
+pub fn generate_line(
+    id: &str,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+    ignore_eos: bool,
+    batch: u32,
+) -> String {
+    let g = Generate {
+        ty: "generate",
+        id,
+        prompts,
+        max_tokens,
+        ignore_eos,
+        batch,
+    };
+    let mut s = serde_json::to_string(&g).expect("a generate request always serializes");
+    s.push('\n');
+    s
+}
+
+pub const SHUTDOWN_LINE: &str = "{\"type\":\"shutdown\"}\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_and_problems_are_named() {
+        let r = parse_event(r#"{"type":"ready","load_s":1.5,"kv":null,"features":{"backend":"cpu","degraded":[]},"versions":{},"resolved":{},"pid":7}"#).unwrap();
+        let Event::Ready(r) = r else { panic!() };
+        assert_eq!(r.backend(), Some("cpu"));
+        assert!(r.degraded().is_empty());
+        assert!(matches!(parse_event("hello"), Err(LineProblem::NotJson(_))));
+        assert_eq!(parse_event(r#"{"a":1}"#).unwrap_err(), LineProblem::NoType);
+        assert_eq!(
+            parse_event(r#"{"type":"progress"}"#).unwrap_err(),
+            LineProblem::UnknownType("progress".into())
+        );
+        assert!(matches!(
+            parse_event(r#"{"type":"result","id":"x"}"#),
+            Err(LineProblem::BadFields(..))
+        ));
+    }
+}

@@ -1,0 +1,313 @@
+//! The run record: one JSON file per run, with a schema version, written atomically and never
+//! rewritten. docs/RECORD.md documents every field.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::gates::GateResult;
+use crate::leg::LegRecord;
+use crate::table::Axis;
+use crate::timing::Timings;
+use crate::unit::UnitFile;
+
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub schema: u32,
+    pub created_utc: String,
+    pub orchestrator_version: String,
+    /// The orchestrator's own argv.
+    pub command: Vec<String>,
+    pub unit: UnitInfo,
+    pub project: ProjectInfo,
+    pub engine_binary: BinaryInfo,
+    pub host: HostInfo,
+    /// The lease held during the run, and what the idle check said before each leg.
+    pub lease: LeaseInfo,
+    pub legs: Legs,
+    pub timings: LegTimings,
+    pub gates: Vec<GateResult>,
+    /// The kv gate's resize, in words, when one was done.
+    pub kv_resize: Option<String>,
+    pub axes: Vec<Axis>,
+    /// Each refusal's sentence, as printed under the table.
+    pub refusals: Vec<String>,
+    /// The exit status the run ends with (0 all gates passed, 1 refusals, 2 nothing measured).
+    pub exit_status: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnitInfo {
+    pub name: String,
+    pub path: PathBuf,
+    pub config: UnitFile,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProjectInfo {
+    pub root: PathBuf,
+    /// `git rev-parse HEAD^{tree}`: what was built, independent of commit metadata.
+    pub tree: String,
+    pub commit: String,
+    /// Uncommitted changes to tracked files: the tree hash then does not describe the binary.
+    pub dirty: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BinaryInfo {
+    pub path: PathBuf,
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub os: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cores: usize,
+    pub memory_bytes: u64,
+    pub boot_id: Option<String>,
+    /// GPU, driver and CUDA fields: filled by the NVML sampler (issue 5).
+    pub gpu: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub target: String,
+    pub path: PathBuf,
+    pub idle_checks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Legs {
+    pub engine: LegRecord,
+    pub oracle: LegRecord,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LegTimings {
+    pub engine: Timings,
+    pub oracle: Timings,
+}
+
+pub fn git(root: &Path, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The git top-level holding `start`, if any.
+pub fn project_root(start: &Path) -> Option<PathBuf> {
+    git(start, &["rev-parse", "--show-toplevel"]).map(PathBuf::from)
+}
+
+impl ProjectInfo {
+    pub fn read(root: &Path) -> ProjectInfo {
+        ProjectInfo {
+            root: root.to_path_buf(),
+            tree: git(root, &["rev-parse", "HEAD^{tree}"]).unwrap_or_else(|| "unknown".into()),
+            commit: git(root, &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+            dirty: git(root, &["status", "--porcelain", "--untracked-files=no"])
+                .is_none_or(|s| !s.is_empty()),
+        }
+    }
+}
+
+pub fn sha256_file(path: &Path) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).ok()?;
+    Some(format!("{:x}", h.finalize()))
+}
+
+impl HostInfo {
+    pub fn read() -> HostInfo {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let cpu_model = read("/proc/cpuinfo")
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        HostInfo {
+            hostname: sysinfo::System::host_name()
+                .or_else(|| read("/proc/sys/kernel/hostname"))
+                .unwrap_or_else(|| "unknown".into()),
+            os: sysinfo::System::long_os_version().unwrap_or_else(|| "unknown".into()),
+            kernel: sysinfo::System::kernel_version().unwrap_or_else(|| "unknown".into()),
+            cpu_model,
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            memory_bytes: sys.total_memory(),
+            boot_id: read("/proc/sys/kernel/random/boot_id"),
+            gpu: None,
+        }
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's algorithm).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn utc_parts(t: SystemTime) -> (i64, u32, u32, u64, u64, u64) {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (y, m, d) = civil((secs / 86_400) as i64);
+    let s = secs % 86_400;
+    (y, m, d, s / 3600, s / 60 % 60, s % 60)
+}
+
+/// 2026-11-30T02:34:29Z
+pub fn utc_now_iso() -> String {
+    let (y, mo, d, h, mi, s) = utc_parts(SystemTime::now());
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// 20261130T023429Z: sorts by time and is safe in a file name.
+pub fn utc_stamp(t: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = utc_parts(t);
+    format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}Z")
+}
+
+/// `<dir>/<stamp>-<tree8>` with a numeric suffix if a record or log of that stem exists, so two
+/// runs in one second never share files.
+pub fn choose_stem(dir: &Path, stamp: &str, tree: &str) -> PathBuf {
+    let tree8: String = tree.chars().take(8).collect();
+    let base = format!("{stamp}-{tree8}");
+    for i in 0.. {
+        let stem = if i == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{i}")
+        };
+        let taken = std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{stem}."))
+                })
+            })
+            .unwrap_or(false);
+        if !taken {
+            return dir.join(stem);
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Writes `bytes` to `path` atomically and never over an existing file: a temporary file in the
+/// same directory, fsync, then a hard link to the final name (link fails if the name exists,
+/// where rename would silently replace it), unlink the temporary, fsync the directory.
+pub fn write_new_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    linked.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{} already exists; records are never rewritten",
+                    path.display()
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+impl Record {
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        write_new_atomic(path, &bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_is_new_only_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        write_new_atomic(&p, b"first").unwrap();
+        let e = write_new_atomic(&p, b"second").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert!(e.to_string().contains("never rewritten"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"first");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("r.json")]);
+    }
+
+    #[test]
+    fn stamps_and_stems() {
+        // 2026-11-30T02:34:29Z
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_796_006_069);
+        assert_eq!(utc_stamp(t), "20261130T023429Z");
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+        let dir = tempfile::tempdir().unwrap();
+        let a = choose_stem(dir.path(), "S", "0123456789ab");
+        assert_eq!(a.file_name().unwrap(), "S-01234567");
+        std::fs::write(a.with_extension("json"), "x").unwrap();
+        std::fs::write(dir.path().join("S-01234567.engine.log"), "x").unwrap();
+        let b = choose_stem(dir.path(), "S", "0123456789ab");
+        assert_eq!(b.file_name().unwrap(), "S-01234567-1");
+    }
+}

@@ -1,0 +1,304 @@
+//! The ratio table: per axis ours | oracle | ratio | which is faster in words. Rendered with
+//! comfy-table on the terminal and as Markdown beside the record; refusals as sentences below.
+
+use comfy_table::{presets, ContentArrangement, Table};
+use serde::{Deserialize, Serialize};
+
+use crate::gates::GateResult;
+use crate::leg::{LegName, LegRecord};
+use crate::timing::{median, median_of, Timings};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Better {
+    /// A time: the smaller side is faster.
+    Lower,
+    /// A rate: the larger side is faster.
+    Higher,
+    /// Memory: the smaller side uses less.
+    LessMemory,
+    /// A size that should match (KV pool): no side is better.
+    Neither,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Axis {
+    pub axis: String,
+    pub unit: String,
+    pub better: Better,
+    pub ours: Option<f64>,
+    pub oracle: Option<f64>,
+    /// ours / oracle.
+    pub ratio: Option<f64>,
+    pub words: String,
+    /// The leg's timings are refused by a gate: shown, never presented as gated.
+    pub ours_refused: bool,
+    pub oracle_refused: bool,
+    /// Why the axis is not like-for-like, when it is not.
+    pub note: Option<String>,
+}
+
+/// Within this relative difference two figures are called "same".
+const SAME: f64 = 0.01;
+
+pub fn words(better: Better, ours: f64, oracle: f64) -> String {
+    if ours <= 0.0 || oracle <= 0.0 || !ours.is_finite() || !oracle.is_finite() {
+        return "no ratio".into();
+    }
+    let r = ours / oracle;
+    if (r - 1.0).abs() < SAME {
+        return "same".into();
+    }
+    let (ours_wins, f) = match better {
+        Better::Lower | Better::LessMemory => (r < 1.0, if r < 1.0 { 1.0 / r } else { r }),
+        Better::Higher | Better::Neither => (r > 1.0, if r > 1.0 { r } else { 1.0 / r }),
+    };
+    let f = fmt_factor(f);
+    match (better, ours_wins) {
+        (Better::Lower | Better::Higher, true) => format!("ours {f}x faster"),
+        (Better::Lower | Better::Higher, false) => format!("oracle {f}x faster"),
+        (Better::LessMemory, true) => format!("ours uses {f}x less"),
+        (Better::LessMemory, false) => format!("oracle uses {f}x less"),
+        (Better::Neither, true) => format!("ours {f}x larger"),
+        (Better::Neither, false) => format!("ours {f}x smaller"),
+    }
+}
+
+fn fmt_factor(f: f64) -> String {
+    if f >= 100.0 {
+        format!("{f:.0}")
+    } else if f >= 10.0 {
+        format!("{f:.1}")
+    } else {
+        format!("{f:.2}")
+    }
+}
+
+/// Four significant figures, no exponent for ordinary magnitudes.
+pub fn fmt_num(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    let mag = x.abs().log10().floor() as i32;
+    if !(-4..6).contains(&mag) {
+        return format!("{x:.3e}");
+    }
+    let decimals = (3 - mag).max(0) as usize;
+    format!("{x:.decimals$}")
+}
+
+fn axis(name: String, unit: &str, better: Better, ours: Option<f64>, oracle: Option<f64>) -> Axis {
+    let (ratio, w) = match (ours, oracle) {
+        (Some(a), Some(b)) if b != 0.0 => (Some(a / b), words(better, a, b)),
+        _ => (None, "not measured on both legs".into()),
+    };
+    Axis {
+        axis: name,
+        unit: unit.into(),
+        better,
+        ours,
+        oracle,
+        ratio,
+        words: w,
+        ours_refused: false,
+        oracle_refused: false,
+        note: None,
+    }
+}
+
+/// The axes this issue measures, from both legs' records and timings.
+pub fn axes(
+    engine: &LegRecord,
+    oracle: &LegRecord,
+    te: &Timings,
+    to: &Timings,
+    gates: &[GateResult],
+) -> Vec<Axis> {
+    let refused = |leg: LegName| {
+        gates
+            .iter()
+            .filter_map(GateResult::refusal)
+            .any(|r| r.refuses_timings_of() == Some(leg))
+    };
+    let kv_refused = gates
+        .iter()
+        .any(|g| g.gate == "kv" && g.refusal().is_some());
+    let mut v = vec![];
+    let n = te.per_token_s.len().max(to.per_token_s.len());
+    v.push(axis(
+        format!("per output token, warm (median, n={n})"),
+        "s",
+        Better::Lower,
+        median_of(&te.per_token_s),
+        median_of(&to.per_token_s),
+    ));
+    let mut batches: Vec<u32> = te
+        .throughput_tok_s
+        .keys()
+        .chain(to.throughput_tok_s.keys())
+        .copied()
+        .collect();
+    batches.sort_unstable();
+    batches.dedup();
+    for b in batches {
+        v.push(axis(
+            format!("output throughput, batch {b}"),
+            "tok/s",
+            Better::Higher,
+            te.throughput_tok_s.get(&b).and_then(|x| median(x)),
+            to.throughput_tok_s.get(&b).and_then(|x| median(x)),
+        ));
+    }
+    v.push(axis(
+        "time to first token (median)".into(),
+        "s",
+        Better::Lower,
+        median_of(&te.ttft_s),
+        median_of(&to.ttft_s),
+    ));
+    let load = |l: &LegRecord| l.ready.as_ref().map(|r| r.load_s);
+    v.push(axis(
+        "load (to ready)".into(),
+        "s",
+        Better::Lower,
+        load(engine),
+        load(oracle),
+    ));
+    let mem =
+        |l: &LegRecord| (l.host_mem.samples > 0).then(|| l.host_mem.peak_rss_bytes as f64 / 1e6);
+    let mut m = axis(
+        "peak host memory".into(),
+        "MB",
+        Better::LessMemory,
+        mem(engine),
+        mem(oracle),
+    );
+    if kv_refused {
+        m.note = Some("KV pools not matched: raw, not like-for-like".into());
+    }
+    v.push(m);
+    let kv = |l: &LegRecord| {
+        l.ready
+            .as_ref()
+            .and_then(|r| r.kv.as_ref())
+            .map(|k| k.capacity_tokens as f64)
+    };
+    let mut k = axis(
+        "KV pool".into(),
+        "tokens",
+        Better::Neither,
+        kv(engine),
+        kv(oracle),
+    );
+    if kv_refused {
+        k.note = Some("could NOT be matched".into());
+    }
+    v.push(k);
+    let (re, ro) = (refused(LegName::Engine), refused(LegName::Oracle));
+    for a in &mut v {
+        a.ours_refused = re;
+        a.oracle_refused = ro;
+    }
+    v
+}
+
+fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
+    match x {
+        Some(x) => format!(
+            "{} {unit}{}",
+            fmt_num(x),
+            if refused { " (refused)" } else { "" }
+        ),
+        None => "-".into(),
+    }
+}
+
+fn row(a: &Axis) -> [String; 5] {
+    let mut words = a.words.clone();
+    if let Some(n) = &a.note {
+        words = format!("{words}; {n}");
+    }
+    [
+        a.axis.clone(),
+        cell(a.ours, &a.unit, a.ours_refused),
+        cell(a.oracle, &a.unit, a.oracle_refused),
+        a.ratio
+            .map(|r| format!("{}x", fmt_num(r)))
+            .unwrap_or_else(|| "-".into()),
+        words,
+    ]
+}
+
+const HEADER: [&str; 5] = ["axis", "ours", "oracle", "ratio (ours/oracle)", "in words"];
+
+pub fn render_terminal(axes: &[Axis]) -> String {
+    let mut t = Table::new();
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(HEADER);
+    for a in axes {
+        t.add_row(row(a));
+    }
+    t.to_string()
+}
+
+pub fn render_markdown(axes: &[Axis]) -> String {
+    let esc = |s: &str| s.replace('|', "\\|");
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        HEADER.join(" | "),
+        " --- |".repeat(HEADER.len())
+    );
+    for a in axes {
+        let r = row(a);
+        out.push_str(&format!(
+            "| {} |\n",
+            r.iter().map(|c| esc(c)).collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_say_who_is_faster_and_by_how_much() {
+        assert_eq!(words(Better::Lower, 1.0, 1.32), "ours 1.32x faster");
+        assert_eq!(words(Better::Lower, 2.0, 1.0), "oracle 2.00x faster");
+        assert_eq!(words(Better::Higher, 10.0, 20.0), "oracle 2.00x faster");
+        assert_eq!(words(Better::Higher, 1.005, 1.0), "same");
+        assert_eq!(
+            words(Better::LessMemory, 44616.0, 70974.0),
+            "ours uses 1.59x less"
+        );
+        assert_eq!(
+            words(Better::Neither, 8192.0, 644096.0),
+            "ours 78.6x smaller"
+        );
+        assert_eq!(
+            words(Better::Lower, 10.3194, 0.014369),
+            "oracle 718x faster"
+        );
+    }
+
+    #[test]
+    fn numbers_keep_four_figures() {
+        assert_eq!(fmt_num(0.014369), "0.01437");
+        assert_eq!(fmt_num(280.9), "280.9");
+        assert_eq!(fmt_num(644096.0), "644096");
+        assert_eq!(fmt_num(1.0), "1.000");
+    }
+
+    #[test]
+    fn markdown_marks_refused_cells() {
+        let mut a = axis("x".into(), "s", Better::Lower, Some(1.0), Some(2.0));
+        a.ours_refused = true;
+        let md = render_markdown(&[a]);
+        assert!(
+            md.contains("| x | 1.000 s (refused) | 2.000 s | 0.5000x | ours 2.00x faster |"),
+            "{md}"
+        );
+    }
+}

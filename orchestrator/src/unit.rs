@@ -1,0 +1,704 @@
+//! `unit.toml` and the data files it names (`prompts.json`, `golden.json`).
+//!
+//! The unit file is ours: every table denies unknown keys so a typo is an error, never a silent
+//! default. The JSON data files belong to the oracle side; they are checked by their `schema`
+//! number and the fields we read, so that a field added there does not break a run here.
+//! Every default lives in one `fn default_*` below and is documented in docs/UNIT.md.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A unit-file (or data-file) problem: the file, what is wrong, and how to fix it.
+#[derive(Debug)]
+pub struct UnitError {
+    pub file: PathBuf,
+    pub message: String,
+}
+
+impl fmt::Display for UnitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.message)
+    }
+}
+
+impl std::error::Error for UnitError {}
+
+fn err(file: &Path, message: impl Into<String>) -> UnitError {
+    UnitError {
+        file: file.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitFile {
+    pub name: String,
+    pub model: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub battery: Battery,
+    #[serde(default)]
+    pub golden: Vec<GoldenRef>,
+    #[serde(default)]
+    pub engine: EngineCfg,
+    pub oracle: OracleCfg,
+    #[serde(default)]
+    pub gates: GatesCfg,
+    #[serde(default)]
+    pub lease: LeaseCfg,
+    #[serde(default)]
+    pub watchdog: WatchdogCfg,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Battery {
+    pub prompts: PathBuf,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_true")]
+    pub ignore_eos: bool,
+    #[serde(default = "default_warmup")]
+    pub warmup: u32,
+    #[serde(default = "default_repeat")]
+    pub repeat: u32,
+    #[serde(default = "default_batch_sizes")]
+    pub batch_sizes: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoldenRef {
+    pub file: PathBuf,
+    #[serde(default = "default_cpu")]
+    pub device: String,
+    #[serde(default = "default_float32")]
+    pub dtype: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineCfg {
+    #[serde(default = "default_engine_binary")]
+    pub binary: PathBuf,
+    #[serde(default = "default_cpu")]
+    pub device: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_blocks: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<u32>,
+    /// Extra arguments appended to `engine serve` (a leg-specific flag the orchestrator
+    /// does not know about).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+}
+
+impl Default for EngineCfg {
+    fn default() -> Self {
+        EngineCfg {
+            binary: default_engine_binary(),
+            device: default_cpu(),
+            block_size: None,
+            num_blocks: None,
+            kv_cache_memory: None,
+            max_batch: None,
+            args: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OracleBackend {
+    Transformers,
+    Vllm,
+}
+
+impl OracleBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OracleBackend::Transformers => "transformers",
+            OracleBackend::Vllm => "vllm",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OracleCfg {
+    pub backend: OracleBackend,
+    #[serde(default = "default_python")]
+    pub python: String,
+    #[serde(default = "default_cpu")]
+    pub device: String,
+    #[serde(default = "default_float32")]
+    pub dtype: String,
+    #[serde(default)]
+    pub options: BTreeMap<String, toml::Value>,
+}
+
+/// Which leg the kv gate resizes when the two pools differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvMatch {
+    /// Restart the engine with `--num-blocks` sized to the oracle's capacity (oracle runs first).
+    Engine,
+    /// Restart the oracle with `num_gpu_blocks_override` sized to the engine's (engine runs first).
+    Oracle,
+    /// Never resize: differing pools are refused as they are.
+    Off,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatesCfg {
+    /// A first mismatch at a golden position whose top-2 margin is below this is called a near-tie.
+    #[serde(default = "default_near_tie")]
+    pub near_tie_margin: f64,
+    #[serde(default = "default_kv_match")]
+    pub kv_match: KvMatch,
+    /// Pools within this many blocks (of the larger block size) count as the same.
+    #[serde(default = "default_one")]
+    pub kv_tolerance_blocks: u64,
+    /// `resolved` keys the golden config gate does not compare (e.g. a path that differs by host).
+    #[serde(default)]
+    pub golden_config_ignore: Vec<String>,
+}
+
+impl Default for GatesCfg {
+    fn default() -> Self {
+        GatesCfg {
+            near_tie_margin: default_near_tie(),
+            kv_match: default_kv_match(),
+            kv_tolerance_blocks: 1,
+            golden_config_ignore: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseCfg {
+    /// GPU index to lease; absent: taken from `engine.device` (`cuda:N`), else the "cpu" lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default = "default_lock_dir")]
+    pub lock_dir: PathBuf,
+    /// GPU memory in use (MiB) above which the idle gate (issue 5) refuses to start a leg.
+    #[serde(default = "default_idle_mib")]
+    pub idle_max_used_mib: u64,
+}
+
+impl Default for LeaseCfg {
+    fn default() -> Self {
+        LeaseCfg {
+            gpu: None,
+            lock_dir: default_lock_dir(),
+            idle_max_used_mib: default_idle_mib(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchdogCfg {
+    #[serde(default = "default_load_s")]
+    pub load_s: f64,
+    #[serde(default = "default_warmup_s")]
+    pub warmup_s: f64,
+    #[serde(default = "default_battery_s")]
+    pub battery_s: f64,
+    #[serde(default = "default_shutdown_s")]
+    pub shutdown_s: f64,
+    /// Seconds between SIGTERM and SIGKILL of a leg's process group.
+    #[serde(default = "default_grace_s")]
+    pub grace_s: f64,
+}
+
+impl Default for WatchdogCfg {
+    fn default() -> Self {
+        WatchdogCfg {
+            load_s: default_load_s(),
+            warmup_s: default_warmup_s(),
+            battery_s: default_battery_s(),
+            shutdown_s: default_shutdown_s(),
+            grace_s: default_grace_s(),
+        }
+    }
+}
+
+fn default_max_tokens() -> u32 {
+    32
+}
+fn default_true() -> bool {
+    true
+}
+fn default_warmup() -> u32 {
+    1
+}
+fn default_repeat() -> u32 {
+    3
+}
+fn default_batch_sizes() -> Vec<u32> {
+    vec![1]
+}
+fn default_cpu() -> String {
+    "cpu".into()
+}
+fn default_float32() -> String {
+    "float32".into()
+}
+fn default_engine_binary() -> PathBuf {
+    "target/release/engine".into()
+}
+fn default_python() -> String {
+    "python3".into()
+}
+fn default_near_tie() -> f64 {
+    1e-3
+}
+fn default_kv_match() -> KvMatch {
+    KvMatch::Engine
+}
+fn default_one() -> u64 {
+    1
+}
+fn default_lock_dir() -> PathBuf {
+    "/tmp/llm-bench-locks".into()
+}
+fn default_idle_mib() -> u64 {
+    1024
+}
+fn default_load_s() -> f64 {
+    900.0
+}
+fn default_warmup_s() -> f64 {
+    600.0
+}
+fn default_battery_s() -> f64 {
+    3600.0
+}
+fn default_shutdown_s() -> f64 {
+    30.0
+}
+fn default_grace_s() -> f64 {
+    5.0
+}
+
+/// A parsed unit with its paths resolved.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    /// The unit file itself.
+    pub path: PathBuf,
+    /// The directory holding it: relative paths in the file are relative to this.
+    pub dir: PathBuf,
+    pub config: UnitFile,
+}
+
+impl Unit {
+    pub fn load(path: &Path) -> Result<Unit, UnitError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err(
+                path,
+                format!(
+                    "cannot read the unit file ({e}); pass the path of a goldens/<unit>/unit.toml"
+                ),
+            )
+        })?;
+        let unit = Unit::parse(path, &text)?;
+        Ok(unit)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Unit, UnitError> {
+        let config: UnitFile = toml::from_str(text).map_err(|e| {
+            // toml's message names the key and line; add the fix for the common case.
+            let msg = e.to_string();
+            let hint = if msg.contains("unknown field") {
+                "; every key is listed with its default in docs/UNIT.md (a typo is an error, never a default)"
+            } else if msg.contains("missing field") {
+                "; add the key (docs/UNIT.md lists the required ones)"
+            } else {
+                ""
+            };
+            err(path, format!("{}{hint}", msg.trim_end()))
+        })?;
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let dir = abs
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let unit = Unit {
+            path: abs,
+            dir,
+            config,
+        };
+        unit.validate()?;
+        Ok(unit)
+    }
+
+    fn validate(&self) -> Result<(), UnitError> {
+        let c = &self.config;
+        let p = &self.path;
+        if c.name.is_empty() || c.name.contains('/') || c.name.starts_with('.') {
+            return Err(err(
+                p,
+                format!("name = {:?} is not usable as a directory name under reports/records/; use e.g. \"tiny-llama\"", c.name),
+            ));
+        }
+        if c.battery.max_tokens < 2 {
+            return Err(err(
+                p,
+                format!("battery.max_tokens = {} but the timing recipe needs at least 2 ((elapsed(N) - elapsed(1)) / (N - 1)); set it to 32", c.battery.max_tokens),
+            ));
+        }
+        if c.battery.repeat == 0 {
+            return Err(err(
+                p,
+                "battery.repeat = 0 measures nothing; set it to 1 or more",
+            ));
+        }
+        if c.battery.batch_sizes.is_empty() || c.battery.batch_sizes.contains(&0) {
+            return Err(err(
+                p,
+                format!("battery.batch_sizes = {:?}: each must be >= 1 and the list non-empty; e.g. [1, 4]", c.battery.batch_sizes),
+            ));
+        }
+        if c.engine.num_blocks.is_some() && c.engine.kv_cache_memory.is_some() {
+            return Err(err(
+                p,
+                "engine.num_blocks and engine.kv_cache_memory are both set; the pool is sized by one of them, remove the other",
+            ));
+        }
+        if c.golden.is_empty() {
+            return Err(err(
+                p,
+                "no [[golden]] entry: the token gate needs one (file, device, dtype); see docs/UNIT.md",
+            ));
+        }
+        for (name, v) in [
+            ("load_s", c.watchdog.load_s),
+            ("warmup_s", c.watchdog.warmup_s),
+            ("battery_s", c.watchdog.battery_s),
+            ("shutdown_s", c.watchdog.shutdown_s),
+            ("grace_s", c.watchdog.grace_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(err(
+                    p,
+                    format!(
+                        "watchdog.{name} = {v}: a deadline must be a positive number of seconds"
+                    ),
+                ));
+            }
+        }
+        parse_device(&c.engine.device).map_err(|m| err(p, format!("engine.device: {m}")))?;
+        Ok(())
+    }
+
+    /// A path from the unit file, relative to the unit's directory unless absolute.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    pub fn model_dir(&self) -> PathBuf {
+        self.resolve(&self.config.model)
+    }
+
+    pub fn prompts_path(&self) -> PathBuf {
+        self.resolve(&self.config.battery.prompts)
+    }
+
+    /// `engine.binary` is relative to the project root (the git top-level), not the unit.
+    pub fn engine_binary(&self, project_root: &Path) -> PathBuf {
+        let b = &self.config.engine.binary;
+        if b.is_absolute() {
+            b.clone()
+        } else {
+            project_root.join(b)
+        }
+    }
+
+    /// The golden that applies to a leg that ran on `device` with `dtype`: the first match wins.
+    pub fn golden_for(&self, device: &str, dtype: &str) -> Option<&GoldenRef> {
+        let kind = device_kind(device);
+        self.config
+            .golden
+            .iter()
+            .find(|g| device_kind(&g.device) == kind && g.dtype == dtype)
+    }
+}
+
+/// "cpu" -> None, "cuda" / "cuda:N" -> Some(N).
+pub fn parse_device(device: &str) -> Result<Option<u32>, String> {
+    if device == "cpu" {
+        return Ok(None);
+    }
+    if device == "cuda" {
+        return Ok(Some(0));
+    }
+    if let Some(n) = device.strip_prefix("cuda:") {
+        return n
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{device:?} is not \"cpu\" or \"cuda:N\""));
+    }
+    Err(format!("{device:?} is not \"cpu\" or \"cuda:N\""))
+}
+
+/// "cuda:1" -> "cuda": goldens are per kind of device, not per index.
+pub fn device_kind(device: &str) -> &str {
+    device.split(':').next().unwrap_or(device)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prompt {
+    pub id: String,
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PromptsFile {
+    pub schema: u32,
+    pub prompts: Vec<Prompt>,
+}
+
+pub fn load_prompts(path: &Path) -> Result<Vec<Prompt>, UnitError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        err(
+            path,
+            format!("cannot read the prompts file ({e}); battery.prompts names it, relative to the unit's directory"),
+        )
+    })?;
+    let f: PromptsFile = serde_json::from_str(&text).map_err(|e| {
+        err(
+            path,
+            format!("not a prompts file ({e}); expected {{\"schema\": 1, \"prompts\": [{{\"id\": \"p0\", \"tokens\": [1, 2]}}]}}"),
+        )
+    })?;
+    if f.schema != 1 {
+        return Err(err(
+            path,
+            format!(
+                "schema {} is not supported (this orchestrator reads schema 1)",
+                f.schema
+            ),
+        ));
+    }
+    if f.prompts.is_empty() {
+        return Err(err(path, "no prompts: the battery would measure nothing"));
+    }
+    for p in &f.prompts {
+        if p.tokens.is_empty() {
+            return Err(err(path, format!("prompt {:?} has no tokens", p.id)));
+        }
+    }
+    let mut ids: Vec<&str> = f.prompts.iter().map(|p| p.id.as_str()).collect();
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(err(path, format!("prompt id {:?} appears twice", w[0])));
+    }
+    Ok(f.prompts)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GoldenCapture {
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub versions: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub dtype: Option<String>,
+    #[serde(default)]
+    pub device: Option<String>,
+    #[serde(default)]
+    pub resolved: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GoldenOutput {
+    pub id: String,
+    pub tokens: Vec<u32>,
+    /// Top-2 gap per position where known; `null` entries (or no list) where not.
+    #[serde(default)]
+    pub margins: Option<Vec<Option<f64>>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Golden {
+    pub schema: u32,
+    pub max_tokens: u32,
+    #[serde(default = "default_true")]
+    pub ignore_eos: bool,
+    pub capture: GoldenCapture,
+    pub outputs: Vec<GoldenOutput>,
+}
+
+impl Golden {
+    pub fn output(&self, id: &str) -> Option<&GoldenOutput> {
+        self.outputs.iter().find(|o| o.id == id)
+    }
+}
+
+/// Loads a golden and checks it covers the battery: every prompt, enough tokens, same EOS rule.
+pub fn load_golden(
+    path: &Path,
+    battery: &Battery,
+    prompts: &[Prompt],
+) -> Result<Golden, UnitError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        err(
+            path,
+            format!("cannot read the golden ({e}); [[golden]].file names it, relative to the unit's directory"),
+        )
+    })?;
+    let g: Golden = serde_json::from_str(&text).map_err(|e| {
+        err(
+            path,
+            format!(
+                "not a golden file ({e}); expected schema 1 with max_tokens, capture and outputs"
+            ),
+        )
+    })?;
+    if g.schema != 1 {
+        return Err(err(
+            path,
+            format!(
+                "schema {} is not supported (this orchestrator reads schema 1)",
+                g.schema
+            ),
+        ));
+    }
+    if g.max_tokens < battery.max_tokens {
+        return Err(err(
+            path,
+            format!(
+                "the golden holds {} tokens per prompt but battery.max_tokens = {}: the token gate could not check the rest; lower battery.max_tokens or recapture the golden",
+                g.max_tokens, battery.max_tokens
+            ),
+        ));
+    }
+    if g.ignore_eos != battery.ignore_eos {
+        return Err(err(
+            path,
+            format!(
+                "the golden was captured with ignore_eos = {} but battery.ignore_eos = {}; make them agree",
+                g.ignore_eos, battery.ignore_eos
+            ),
+        ));
+    }
+    for p in prompts {
+        if g.output(&p.id).is_none() {
+            return Err(err(
+                path,
+                format!(
+                    "no output for prompt {:?}; recapture the golden over this prompts file",
+                    p.id
+                ),
+            ));
+        }
+    }
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+name = "t"
+model = "model"
+[battery]
+prompts = "prompts.json"
+[[golden]]
+file = "golden.json"
+[oracle]
+backend = "transformers"
+"#;
+
+    #[test]
+    fn minimal_unit_gets_documented_defaults() {
+        let u = Unit::parse(Path::new("/x/unit.toml"), MINIMAL).unwrap();
+        let c = &u.config;
+        assert_eq!(c.battery.max_tokens, 32);
+        assert_eq!(c.battery.repeat, 3);
+        assert_eq!(c.battery.warmup, 1);
+        assert_eq!(c.battery.batch_sizes, vec![1]);
+        assert_eq!(c.engine.binary, PathBuf::from("target/release/engine"));
+        assert_eq!(c.watchdog.load_s, 900.0);
+        assert_eq!(c.watchdog.shutdown_s, 30.0);
+        assert_eq!(c.lease.lock_dir, PathBuf::from("/tmp/llm-bench-locks"));
+        assert_eq!(c.gates.kv_match, KvMatch::Engine);
+        assert_eq!(u.model_dir(), PathBuf::from("/x/model"));
+        assert_eq!(
+            u.engine_binary(Path::new("/root")),
+            PathBuf::from("/root/target/release/engine")
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_file_key_and_fix() {
+        let text = MINIMAL.replace("[battery]", "[battery]\nrepeats = 2");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("/x/unit.toml:"), "{e}");
+        assert!(e.contains("repeats"), "{e}");
+        assert!(e.contains("docs/UNIT.md"), "{e}");
+    }
+
+    #[test]
+    fn unknown_key_in_watchdog_is_an_error() {
+        let text = format!("{MINIMAL}\n[watchdog]\nload = 5\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("load"), "{e}");
+    }
+
+    #[test]
+    fn both_pool_sizes_is_an_error() {
+        let text = format!("{MINIMAL}\n[engine]\nnum_blocks = 4\nkv_cache_memory = 100\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("remove the other"), "{e}");
+    }
+
+    #[test]
+    fn max_tokens_one_is_refused_by_the_recipe() {
+        let text = MINIMAL.replace("[battery]", "[battery]\nmax_tokens = 1");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 2"), "{e}");
+    }
+
+    #[test]
+    fn golden_choice_by_device_kind_and_dtype() {
+        let text = MINIMAL.replace(
+            "[[golden]]\nfile = \"golden.json\"",
+            "[[golden]]\nfile = \"g-cpu.json\"\n[[golden]]\nfile = \"g-gpu.json\"\ndevice = \"cuda\"\ndtype = \"bfloat16\"",
+        );
+        let u = Unit::parse(Path::new("/x/unit.toml"), &text).unwrap();
+        assert_eq!(
+            u.golden_for("cuda:1", "bfloat16").unwrap().file,
+            PathBuf::from("g-gpu.json")
+        );
+        assert_eq!(
+            u.golden_for("cpu", "float32").unwrap().file,
+            PathBuf::from("g-cpu.json")
+        );
+        assert!(u.golden_for("cuda:0", "float32").is_none());
+    }
+}

@@ -1,0 +1,183 @@
+//! Deadlines per phase, killing a leg's whole process group, and finding stragglers.
+//!
+//! A leg runs in its own process group (pgid = the leg's pid), so one `killpg` reaches every
+//! process it started unless one of them left the group on purpose; those are caught through the
+//! `pids` the leg announced in `ready`.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use crate::unit::WatchdogCfg;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Load,
+    Warmup,
+    Battery,
+    Shutdown,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Load => "load",
+            Phase::Warmup => "warmup",
+            Phase::Battery => "battery",
+            Phase::Shutdown => "shutdown",
+        }
+    }
+
+    pub fn deadline(self, cfg: &WatchdogCfg) -> Duration {
+        let s = match self {
+            Phase::Load => cfg.load_s,
+            Phase::Warmup => cfg.warmup_s,
+            Phase::Battery => cfg.battery_s,
+            Phase::Shutdown => cfg.shutdown_s,
+        };
+        Duration::from_secs_f64(s)
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the watchdog did when a phase ran past its deadline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchdogKill {
+    pub phase: Phase,
+    pub deadline_s: f64,
+    /// How long the phase had run when it was stopped.
+    pub ran_s: f64,
+    /// The signals sent to the group, in order ("TERM", then "KILL" if it did not go).
+    pub signals: Vec<String>,
+}
+
+/// A process of a leg still alive after the leg's shutdown.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Straggler {
+    pub pid: i32,
+    pub command: String,
+    pub killed: bool,
+}
+
+pub fn signal_group(pgid: i32, sig: i32) -> bool {
+    // SAFETY: killpg has no memory-safety preconditions; a stale pgid just fails with ESRCH.
+    unsafe { libc::killpg(pgid, sig) == 0 }
+}
+
+fn signal_pid(pid: i32, sig: i32) -> bool {
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Process ids whose process group is `pgid`, zombies excluded (they hold nothing).
+pub fn group_members(pgid: i32) -> Vec<i32> {
+    let mut out = vec![];
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Some((state, pg)) = stat_state_pgid(pid) {
+            if pg == pgid && state != 'Z' && state != 'X' {
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// (state, pgid) from /proc/PID/stat; the command name may hold spaces and parentheses, so the
+/// fields are read after the last ')'.
+pub fn stat_state_pgid(pid: i32) -> Option<(char, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let _ppid = f.next()?;
+    let pgid = f.next()?.parse().ok()?;
+    Some((state, pgid))
+}
+
+pub fn is_alive(pid: i32) -> bool {
+    matches!(stat_state_pgid(pid), Some((s, _)) if s != 'Z' && s != 'X')
+}
+
+pub fn command_line(pid: i32) -> String {
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(b) if !b.is_empty() => b
+            .split(|&c| c == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| format!("[{}]", s.trim()))
+            .unwrap_or_else(|_| "?".into()),
+    }
+}
+
+/// TERM the group, wait up to `grace` for it to empty, then KILL it. Returns the signals sent.
+pub async fn term_then_kill(pgid: i32, grace: Duration) -> Vec<String> {
+    let mut sent = vec![];
+    if signal_group(pgid, libc::SIGTERM) {
+        sent.push("TERM".to_string());
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < grace {
+        if group_members(pgid).is_empty() {
+            return sent;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if signal_group(pgid, libc::SIGKILL) {
+        sent.push("KILL".to_string());
+    }
+    sent
+}
+
+/// After a leg's shutdown: every live process of its group, plus any announced pid that is still
+/// alive (it may have left the group), is a straggler. Each is named, then killed.
+pub fn reap_stragglers(pgid: i32, announced: &[u32]) -> Vec<Straggler> {
+    let mut pids = group_members(pgid);
+    for &p in announced {
+        let p = p as i32;
+        if p != pgid && is_alive(p) && !pids.contains(&p) {
+            pids.push(p);
+        }
+    }
+    let mut out = vec![];
+    for pid in pids {
+        let command = command_line(pid);
+        let killed = signal_pid(pid, libc::SIGKILL);
+        out.push(Straggler {
+            pid,
+            command,
+            killed,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_reads_own_group() {
+        let me = std::process::id() as i32;
+        let (state, pg) = stat_state_pgid(me).unwrap();
+        assert_ne!(state, 'Z');
+        // SAFETY: getpgrp cannot fail.
+        assert_eq!(pg, unsafe { libc::getpgrp() });
+        assert!(group_members(pg).contains(&me));
+        assert!(command_line(me).contains("orchestrator"));
+    }
+}
