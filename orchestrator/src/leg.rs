@@ -292,10 +292,12 @@ impl LegProcess {
                 Event::Result(r) if r.id == id => {
                     let i = r.index;
                     match results.get_mut(i) {
-                        None => return Err(Fault::Protocol(format!(
+                        None => {
+                            return Err(Fault::Protocol(format!(
                             "sent a result for index {i} of request {id:?}, which has {} prompt(s)",
                             prompts.len()
-                        ))),
+                        )))
+                        }
                         Some(Some(_)) => {
                             return Err(Fault::Protocol(format!(
                                 "sent two results for index {i} of request {id:?}"

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A fake leg for the orchestrator's fault tests (stdlib only).
+
+It speaks docs/PROTOCOL.md well enough to be benchmarked, and misbehaves on request. Its own
+options come first as --name=value; every other argument (the engine's or the oracle's argv) is
+accepted and mostly ignored:
+  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event
+  --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
+  --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
+  --resizable          honour --num-blocks / --num-gpu-blocks-override
+  --backend=NAME       features.backend (default cpu)
+  --degraded=A,B       features.degraded
+`... check ...` (as in `python -m oracle check`) prints an ok line and exits 0.
+
+Tokens are a pure function of the prompt, shared with tests/faults.rs: token(p, i) =
+(sum(p) * 7 + i * 3) % 500 + 10.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+T0 = time.perf_counter()
+
+
+def token(prompt, i):
+    return (sum(prompt) * 7 + i * 3) % 500 + 10
+
+
+def main():
+    own = {}
+    rest = []
+    for a in sys.argv[1:]:
+        if a.startswith("--") and "=" in a and a.split("=")[0][2:] in (
+            "fault", "kv", "backend", "degraded"):
+            k, v = a[2:].split("=", 1)
+            own[k] = v
+        elif a in ("--ignore-term", "--resizable"):
+            own[a[2:]] = True
+        else:
+            rest.append(a)
+    if "check" in rest:
+        print("ok   fake oracle check")
+        return 0
+    fault = own.get("fault", "none")
+    if own.get("ignore-term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def flag(name):
+        return int(rest[rest.index(name) + 1]) if name in rest else None
+
+    kv = None
+    if own.get("kv", "16,64") != "none":
+        b, n = (int(x) for x in own.get("kv", "16,64").split(","))
+        if own.get("resizable"):
+            n = flag("--num-blocks") or flag("--num-gpu-blocks-override") or n
+        kv = {"block_size": b, "num_blocks": n, "capacity_tokens": b * n, "bytes": b * n * 64}
+    print("fake leg starting:", " ".join(sys.argv[1:]), file=sys.stderr, flush=True)
+    if fault == "crash-load":
+        print("loading weights... boom: fake crash at load", file=sys.stderr, flush=True)
+        return 3
+    pids = [os.getpid()]
+    if fault == "straggler":
+        # Left running on purpose: the orchestrator must find, name and kill it.
+        child = subprocess.Popen(["sleep", "300"])
+        pids.append(child.pid)
+    degraded = [d for d in own.get("degraded", "").split(",") if d]
+    features = {"backend": own.get("backend", "cpu"), "dtype": "float32", "device": "cpu",
+                "cuda_graphs": False, "kernels": [], "degraded": degraded}
+    if kv is None:
+        features["kv"] = "none: fake leg without a pool"
+    send({"type": "ready", "load_s": time.perf_counter() - T0, "kv": kv, "features": features,
+          "versions": {"fake": "1"}, "resolved": {"fake": True}, "pid": os.getpid(), "pids": pids})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["type"] == "shutdown":
+            break
+        if fault == "hang-generate":
+            print("generating... (hanging on purpose)", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(1)
+        if fault == "malformed":
+            print("this is not a protocol line", flush=True)
+            continue
+        if fault == "error-event":
+            send({"type": "error", "id": req["id"], "code": "internal",
+                  "message": "fake failure in generate", "fatal": True})
+            return 1
+        start = time.perf_counter()
+        total = 0
+        for idx, p in enumerate(req["prompts"]):
+            t = time.perf_counter()
+            toks = [token(p, i) for i in range(req["max_tokens"])]
+            if fault == "wrong-tokens" and idx == 0 and len(toks) > 5:
+                toks[5] += 1
+            time.sleep(0.0005 * len(toks))
+            now = time.perf_counter()
+            origin = t if req["batch"] == 1 else start
+            total += len(toks)
+            send({"type": "result", "id": req["id"], "index": idx, "tokens": toks,
+                  "elapsed_s": now - origin, "ttft_s": (now - origin) / len(toks)})
+        send({"type": "done", "id": req["id"], "wall_s": time.perf_counter() - start, "tokens": total})
+    return 0
+
+
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

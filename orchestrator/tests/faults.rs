@@ -1,0 +1,583 @@
+//! Each fault a leg can commit, played by tests/fake_leg.py, must end in a named failure or
+//! refusal in the record, with the right exit status. Every test uses its own temporary records
+//! and lock directories, so nothing is written into the repository.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+
+fn fake_leg() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_leg.py")
+}
+
+/// The fake's tokens, as tests/fake_leg.py computes them.
+fn token(prompt: &[u32], i: u32) -> u32 {
+    (prompt.iter().sum::<u32>() * 7 + i * 3) % 500 + 10
+}
+
+const PROMPTS: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6, 7, 8, 9]];
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// A unit whose engine runs the fake with `engine_args` and whose oracle runs it with
+    /// `oracle_args`; `extra` is appended to unit.toml.
+    fn new(engine_args: &str, oracle_args: &str, extra: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("model")).unwrap();
+        std::fs::write(
+            d.join("model/config.json"),
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}"#,
+        )
+        .unwrap();
+        let hdr = br#"{"model.layers.0.w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let mut st = (hdr.len() as u64).to_le_bytes().to_vec();
+        st.extend_from_slice(hdr);
+        st.extend_from_slice(&[0; 4]);
+        std::fs::write(d.join("model/model.safetensors"), st).unwrap();
+        let prompts: Vec<Value> = PROMPTS
+            .iter()
+            .enumerate()
+            .map(|(i, p)| serde_json::json!({"id": format!("p{i}"), "tokens": p}))
+            .collect();
+        std::fs::write(
+            d.join("prompts.json"),
+            serde_json::json!({"schema": 1, "prompts": prompts}).to_string(),
+        )
+        .unwrap();
+        let outputs: Vec<Value> = PROMPTS
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let toks: Vec<u32> = (0..8).map(|j| token(p, j)).collect();
+                serde_json::json!({"id": format!("p{i}"), "tokens": toks, "margins": vec![0.5; 8]})
+            })
+            .collect();
+        std::fs::write(
+            d.join("golden.json"),
+            serde_json::json!({"schema": 1, "max_tokens": 8, "ignore_eos": true,
+                "capture": {"backend": "fake", "device": "cpu", "dtype": "float32", "resolved": {"fake": true}},
+                "outputs": outputs})
+            .to_string(),
+        )
+        .unwrap();
+        let wrapper = |name: &str, args: &str| {
+            let p = d.join(name);
+            std::fs::write(
+                &p,
+                format!(
+                    "#!/bin/sh\nexec python3 {} {args} \"$@\"\n",
+                    fake_leg().display()
+                ),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let engine = wrapper("engine.sh", engine_args);
+        wrapper("python.sh", oracle_args);
+        std::fs::write(
+            d.join("unit.toml"),
+            format!(
+                r#"name = "fake"
+model = "model"
+[battery]
+prompts = "prompts.json"
+max_tokens = 8
+warmup = 1
+repeat = 2
+batch_sizes = [1, 2]
+[[golden]]
+file = "golden.json"
+[engine]
+binary = "{}"
+block_size = 16
+num_blocks = 64
+[oracle]
+backend = "transformers"
+[watchdog]
+load_s = 20
+warmup_s = 20
+battery_s = 20
+shutdown_s = 5
+grace_s = 1
+{extra}
+"#,
+                engine.display()
+            ),
+        )
+        .unwrap();
+        Fixture { dir }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn run_cmd(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("run")
+            .arg(self.path("unit.toml"))
+            .arg("--records-dir")
+            .arg(self.path("records"))
+            .arg("--lock-dir")
+            .arg(self.path("locks"))
+            .arg("--python")
+            .arg(self.path("python.sh"))
+            .args(extra);
+        c
+    }
+
+    fn run(&self) -> (Output, Option<Value>) {
+        let out = self.run_cmd(&[]).output().unwrap();
+        (out, self.record())
+    }
+
+    fn record(&self) -> Option<Value> {
+        let dir = self.path("records/fake");
+        let rd = std::fs::read_dir(&dir).ok()?;
+        let json: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        assert!(json.len() <= 1, "one run writes one record: {json:?}");
+        let text = std::fs::read_to_string(json.first()?).unwrap();
+        Some(serde_json::from_str(&text).unwrap())
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn refusals(rec: &Value) -> Vec<String> {
+    rec["refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn gate<'a>(rec: &'a Value, name: &str, leg: Option<&str>) -> &'a Value {
+    rec["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gate"] == name && g["leg"].as_str() == leg)
+        .unwrap_or_else(|| panic!("no gate {name} {leg:?} in {}", rec["gates"]))
+}
+
+#[test]
+fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
+    let f = Fixture::new("", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(rec["schema"], 1);
+    assert_eq!(rec["exit_status"], 0);
+    assert!(refusals(&rec).is_empty());
+    let tok = gate(&rec, "token", Some("engine"));
+    assert_eq!(tok["verdict"], "pass");
+    assert!(tok["sentence"]
+        .as_str()
+        .unwrap()
+        .starts_with("TOKEN MATCH: 96/96 over 3 prompt(s) (full rows=12, short rows=0)"));
+    // Every sample is kept: 3 prompts x 2 repeats.
+    assert_eq!(
+        rec["timings"]["engine"]["per_token_s"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(rec["project"]["tree"].as_str().unwrap().len(), 40);
+    assert_eq!(rec["engine_binary"]["sha256"].as_str().unwrap().len(), 64);
+    let md = std::fs::read_to_string(format!(
+        "{}.md",
+        f.path("records/fake")
+            .read_dir()
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "json"))
+            .unwrap()
+            .display()
+    ))
+    .unwrap();
+    assert!(
+        md.contains("| per output token, warm (median, n=6) |"),
+        "{md}"
+    );
+    assert!(md.contains("Every gate passed"), "{md}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("[engine] battery: done in"), "{stderr}");
+    // The leg's stderr went to the log beside the record.
+    let log = rec["legs"]["engine"]["log"].as_str().unwrap();
+    assert!(std::fs::read_to_string(log)
+        .unwrap()
+        .contains("fake leg starting"));
+}
+
+#[test]
+fn crash_at_load_is_named_with_the_stderr_tail() {
+    let f = Fixture::new("--fault=crash-load", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the oracle measured, so a record with refusals: {}",
+        text(&out)
+    );
+    let fail = &rec["legs"]["engine"]["failure"];
+    assert_eq!(fail["phase"], "load");
+    assert_eq!(fail["kind"], "exited");
+    assert!(
+        fail["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with status 3 during load"),
+        "{fail}"
+    );
+    assert!(
+        fail["stderr_tail"]
+            .to_string()
+            .contains("boom: fake crash at load"),
+        "{fail}"
+    );
+    assert!(refusals(&rec)
+        .iter()
+        .any(|r| r.contains("The engine leg failed in phase load") && r.contains("boom")));
+}
+
+#[test]
+fn nothing_measured_exits_2() {
+    let f = Fixture::new("--fault=crash-load", "--fault=crash-load", "");
+    let (out, rec) = f.run();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        rec.expect("the failures are still recorded")["exit_status"],
+        2
+    );
+}
+
+#[test]
+fn hang_in_generate_is_killed_by_the_watchdog_with_term_then_kill() {
+    let f = Fixture::new("--fault=hang-generate --ignore-term", "", "");
+    // Tighter deadline on the warm-up, where the hang first shows.
+    let unit = std::fs::read_to_string(f.path("unit.toml"))
+        .unwrap()
+        .replace("warmup_s = 20", "warmup_s = 2");
+    std::fs::write(f.path("unit.toml"), unit).unwrap();
+    let t = Instant::now();
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let wd = &rec["legs"]["engine"]["watchdog"];
+    assert_eq!(wd["phase"], "warmup", "{wd}");
+    let ran = wd["ran_s"].as_f64().unwrap();
+    assert!(
+        (2.0..10.0).contains(&ran),
+        "ran {ran} s against a 2 s deadline"
+    );
+    assert_eq!(
+        wd["signals"],
+        serde_json::json!(["TERM", "KILL"]),
+        "it ignores TERM"
+    );
+    let fail = &rec["legs"]["engine"]["failure"];
+    assert_eq!(fail["kind"], "watchdog");
+    assert!(
+        fail["message"]
+            .as_str()
+            .unwrap()
+            .contains("in phase warmup after"),
+        "{fail}"
+    );
+    assert!(fail["stderr_tail"]
+        .to_string()
+        .contains("hanging on purpose"));
+    // The hung process is gone: nothing of its group survived.
+    assert!(rec["legs"]["engine"]["stragglers"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(t.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn malformed_stdout_line_is_quoted() {
+    let f = Fixture::new("--fault=malformed", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let fail = &rec["legs"]["engine"]["failure"];
+    assert_eq!(fail["kind"], "malformed_line");
+    assert!(
+        fail["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"this is not a protocol line\""),
+        "{fail}"
+    );
+}
+
+#[test]
+fn error_event_is_named_with_its_code_and_message() {
+    let f = Fixture::new("", "--fault=error-event", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let fail = &rec["legs"]["oracle"]["failure"];
+    assert_eq!(fail["kind"], "error_event");
+    assert!(
+        fail["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"internal\": fake failure in generate"),
+        "{fail}"
+    );
+}
+
+#[test]
+fn wrong_tokens_are_refused_and_timings_still_shown() {
+    let f = Fixture::new("--fault=wrong-tokens", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let g = gate(&rec, "token", Some("engine"));
+    assert_eq!(g["verdict"], "refused");
+    let s = g["sentence"].as_str().unwrap();
+    // Prompt 0 differs at position 5 in all 4 rows (2 repeats x 2 batch sizes): 4 x 3 positions lost.
+    assert!(
+        s.contains("TOKEN MATCH: 84/96 over 3 prompt(s) (full rows=8, short rows=0)"),
+        "{s}"
+    );
+    assert!(s.contains("prompt p0 first differs at position 5"), "{s}");
+    assert!(s.contains("not a near-tie (golden margin 5.000e-1)"), "{s}");
+    assert_eq!(gate(&rec, "token", Some("oracle"))["verdict"], "pass");
+    let axis = &rec["axes"][0];
+    assert!(
+        axis["ours"].as_f64().unwrap() > 0.0,
+        "timings are still shown: {axis}"
+    );
+    assert_eq!(axis["ours_refused"], true);
+    assert_eq!(axis["oracle_refused"], false);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(refused)"));
+}
+
+#[test]
+fn straggler_is_named_and_killed() {
+    let f = Fixture::new("--fault=straggler", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let st = rec["legs"]["engine"]["stragglers"].as_array().unwrap();
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert_eq!(st[0]["command"], "sleep 300");
+    assert_eq!(st[0]["killed"], true);
+    let pid = st[0]["pid"].as_i64().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        state.is_empty() || state.contains(") Z"),
+        "the straggler must be dead (gone or a zombie): {state}"
+    );
+    let g = gate(&rec, "straggler", Some("engine"));
+    assert!(
+        g["sentence"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {pid} (sleep 300), killed")),
+        "{g}"
+    );
+}
+
+#[test]
+fn kv_pools_that_cannot_be_matched_are_refused_with_figures() {
+    // The oracle holds 32 x 16 = 512 tokens; the engine holds 64 x 16 and ignores --num-blocks.
+    let f = Fixture::new("--kv=16,64", "--kv=16,32", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let s = gate(&rec, "kv", None)["sentence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.contains(
+            "engine 1024 tokens (64 blocks of 16), oracle 512 tokens (32 blocks of 16), 512 apart"
+        ),
+        "{s}"
+    );
+    assert!(
+        s.contains("even after restarting the engine with --num-blocks 32"),
+        "{s}"
+    );
+    assert_eq!(
+        rec["legs"]["engine"]["prior_starts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let argv = rec["legs"]["engine"]["argv"].to_string();
+    assert!(argv.contains("\"--num-blocks\",\"32\""), "{argv}");
+}
+
+#[test]
+fn kv_pools_matched_by_restarting_the_engine_pass_and_say_so() {
+    let f = Fixture::new("--kv=16,64 --resizable", "--kv=16,32", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let g = gate(&rec, "kv", None);
+    assert_eq!(g["verdict"], "pass");
+    assert!(
+        g["sentence"]
+            .as_str()
+            .unwrap()
+            .contains("after restarting the engine with --num-blocks 32"),
+        "{g}"
+    );
+    assert_eq!(rec["legs"]["engine"]["ready"]["kv"]["capacity_tokens"], 512);
+    assert!(rec["kv_resize"].is_string());
+}
+
+#[test]
+fn kv_match_oracle_sets_its_override() {
+    let f = Fixture::new(
+        "--kv=16,64",
+        "--kv=16,32 --resizable",
+        "[gates]\nkv_match = \"oracle\"\n",
+    );
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let argv = rec["legs"]["oracle"]["argv"].to_string();
+    assert!(
+        argv.contains("\"--num-gpu-blocks-override\",\"64\""),
+        "{argv}"
+    );
+}
+
+#[test]
+fn degraded_build_on_the_wrong_backend_is_refused() {
+    let f = Fixture::new("--backend=cuda --degraded=flash_attn,cublaslt", "", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = refusals(&rec).join("\n");
+    assert!(r.contains("requested cpu, it reports cuda"), "{r}");
+    assert!(
+        r.contains("2 feature(s) fell back (flash_attn, cublaslt)"),
+        "{r}"
+    );
+}
+
+#[test]
+fn kv_null_is_not_applicable_with_the_reason() {
+    let f = Fixture::new("", "--kv=none", "");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let g = gate(&rec, "kv", None);
+    assert_eq!(g["verdict"], "not_applicable");
+    assert!(
+        g["sentence"]
+            .as_str()
+            .unwrap()
+            .contains("fake leg without a pool"),
+        "{g}"
+    );
+}
+
+#[test]
+fn unknown_unit_key_fails_preflight_with_exit_2_and_no_record() {
+    let f = Fixture::new("", "", "");
+    let unit = std::fs::read_to_string(f.path("unit.toml"))
+        .unwrap()
+        .replace("repeat = 2", "repeats = 2");
+    std::fs::write(f.path("unit.toml"), unit).unwrap();
+    let (out, rec) = f.run();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(rec.is_none());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown field `repeats`"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn second_run_on_a_held_lease_fails_at_once_with_no_wait_and_waits_without() {
+    let f = Fixture::new("", "", "");
+    let locks = f.path("locks");
+    // Hold the cpu lease with a job for a few seconds.
+    let mut holder = Command::new(BIN)
+        .args(["lease", "--lock-dir"])
+        .arg(&locks)
+        .args(["--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    let lock = locks.join("cpu.lock");
+    let t = Instant::now();
+    while !std::fs::read_to_string(&lock).is_ok_and(|s| s.contains("pid")) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the holder never wrote the lock file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = f.run_cmd(&["--no-wait"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("held by pid {}", holder.id())),
+        "{err}"
+    );
+    assert!(err.contains("orchestrator lease -- sleep 3"), "{err}");
+    assert!(
+        f.record().is_none(),
+        "nothing was measured, nothing recorded"
+    );
+
+    let t = Instant::now();
+    let out = f.run_cmd(&[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[lease] waiting for the cpu lease"), "{err}");
+    assert!(
+        t.elapsed() > Duration::from_millis(500),
+        "it waited for the holder"
+    );
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn lease_passes_the_exit_status_through() {
+    let d = tempfile::tempdir().unwrap();
+    let st = Command::new(BIN)
+        .args(["lease", "--lock-dir"])
+        .arg(d.path())
+        .args(["--", "sh", "-c", "exit 7"])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(7));
+}
