@@ -1,0 +1,58 @@
+"""Goldens: `capture` reproduces the committed goldens, and our greedy loop agrees with
+transformers' own `generate` (an independent implementation)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from conftest import GOLDENS, UNITS, unit_golden, unit_prompts
+
+from oracle.capture import capture
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_recapture_reproduces_golden(unit, tmp_path):
+    out = tmp_path / "golden.json"
+    rc = capture(SimpleNamespace(unit=str(GOLDENS / unit / "unit.toml"), golden=str(out), check=False, batch=1))
+    assert rc == 0
+    new, old = json.loads(out.read_text()), unit_golden(unit)
+    assert [o["id"] for o in new["outputs"]] == [p["id"] for p in unit_prompts(unit)]
+    assert [o["tokens"] for o in new["outputs"]] == [o["tokens"] for o in old["outputs"]]
+    assert new["capture"]["resolved"] == old["capture"]["resolved"]
+    assert new["max_tokens"] == 32 and new["ignore_eos"] is True and new["schema"] == 1
+    for o in new["outputs"]:
+        assert len(o["tokens"]) == len(o["margins"]) == 32
+        assert all(m >= 0 for m in o["margins"])
+    # The tiny units are built so that no greedy step is a near-tie.
+    assert new["capture"]["min_margin"] >= 1e-3
+    assert new["capture"]["min_margin"] == pytest.approx(old["capture"]["min_margin"], abs=1e-5)
+
+
+def test_capture_check_mode_detects_a_changed_golden(tmp_path, capsys):
+    unit = "tiny-qwen"
+    g = unit_golden(unit)
+    g["outputs"][3]["tokens"][5] ^= 1  # corrupt one token
+    bad = tmp_path / "golden.json"
+    bad.write_text(json.dumps(g))
+    rc = capture(SimpleNamespace(unit=str(GOLDENS / unit / "unit.toml"), golden=str(bad), check=True, batch=1))
+    assert rc == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["matched"] == len(g["outputs"]) - 1
+    assert json.loads(bad.read_text()) == g, "--check must not write"
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_golden_equals_transformers_generate(unit):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(GOLDENS / unit / "model"), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # ignore EOS without touching logits
+    model.generation_config.pad_token_id = 0
+    golden = {o["id"]: o["tokens"] for o in unit_golden(unit)["outputs"]}
+    with torch.inference_mode():
+        for p in unit_prompts(unit):
+            ids = torch.tensor([p["tokens"]])
+            # An explicit mask: without one, generate masks every id equal to pad_token_id.
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
+            assert out[0, len(p["tokens"]):].tolist() == golden[p["id"]], p["id"]
