@@ -358,7 +358,7 @@ pub struct LegRun {
 impl LegRun {
     /// Starts the leg. A spawn failure is recorded as a load failure, not returned.
     pub fn spawn(spec: &LegSpec, wd: &WatchdogCfg, quiet: bool) -> LegRun {
-        let mut record = LegRecord {
+        let record = LegRecord {
             leg: spec.leg,
             argv: spec.argv.clone(),
             log: spec.log_path.clone(),
@@ -373,7 +373,7 @@ impl LegRun {
             prior_starts: vec![],
         };
         let mut run = LegRun {
-            record: LegRecord { ..record.clone() },
+            record,
             proc: None,
             pgid: None,
             sampler: None,
@@ -389,7 +389,7 @@ impl LegRun {
         {
             Ok(f) => f,
             Err(e) => {
-                record.failure = Some(LegFailure {
+                run.record.failure = Some(LegFailure {
                     phase: Phase::Load,
                     kind: "spawn_failed".into(),
                     message: format!(
@@ -399,7 +399,6 @@ impl LegRun {
                     ),
                     stderr_tail: vec![],
                 });
-                run.record = record;
                 return run;
             }
         };
@@ -421,6 +420,7 @@ impl LegRun {
                 let stdin = child.stdin.take();
                 let stdout = child.stdout.take().expect("stdout was piped");
                 run.pgid = Some(pid as i32);
+                watchdog::register_group(pid as i32);
                 run.sampler = Some(HostMemSampler::start(pid, Duration::from_millis(100)));
                 run.proc = Some(LegProcess {
                     child,
@@ -429,7 +429,7 @@ impl LegRun {
                 });
             }
             Err(e) => {
-                record.failure = Some(LegFailure {
+                run.record.failure = Some(LegFailure {
                     phase: Phase::Load,
                     kind: "spawn_failed".into(),
                     message: format!(
@@ -440,7 +440,6 @@ impl LegRun {
                 });
             }
         }
-        run.record = record;
         run
     }
 
@@ -578,6 +577,7 @@ impl LegRun {
                 .map(|r| r.pids.clone())
                 .unwrap_or_default();
             let found = watchdog::reap_stragglers(pgid, &announced);
+            watchdog::unregister_group(pgid);
             for s in &found {
                 if !self.quiet {
                     eprintln!(

@@ -275,6 +275,21 @@ impl Ctx<'_> {
     }
 }
 
+/// Resolves on SIGINT or SIGTERM with the signal's name (never, if handlers cannot be installed).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
 pub fn run(unit_path: &Path, opts: &RunOptions) -> i32 {
     let (report, checked) = preflight::preflight(unit_path, opts.python.as_deref(), !opts.quiet);
     let Some(checked) = checked else {
@@ -356,8 +371,19 @@ pub fn run_checked(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let legs = rt.block_on(ctx.legs());
+    let legs = rt.block_on(async {
+        tokio::select! {
+            legs = ctx.legs() => Ok(legs),
+            sig = interrupted() => Err(sig),
+        }
+    });
     drop(lease);
+    let legs = legs.map_err(|sig| {
+        let killed = crate::watchdog::kill_live_groups();
+        format!(
+            "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
+        )
+    })?;
 
     let ids: Vec<String> = checked.prompts.iter().map(|p| p.id.clone()).collect();
     let input = GateInput {
@@ -424,7 +450,7 @@ pub fn run_checked(
     rec.write(&json_path)
         .map_err(|e| format!("cannot write the record {} ({e})", json_path.display()))?;
 
-    let md_path = PathBuf::from(format!("{}.md", json_path.display()));
+    let md_path = PathBuf::from(format!("{}.md", stem.display()));
     let md = markdown(&rec, &json_path);
     record::write_new_atomic(&md_path, md.as_bytes())
         .map_err(|e| format!("cannot write {} ({e})", md_path.display()))?;

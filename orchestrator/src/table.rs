@@ -90,7 +90,9 @@ pub fn fmt_num(x: f64) -> String {
 fn axis(name: String, unit: &str, better: Better, ours: Option<f64>, oracle: Option<f64>) -> Axis {
     let (ratio, w) = match (ours, oracle) {
         (Some(a), Some(b)) if b != 0.0 => (Some(a / b), words(better, a, b)),
-        _ => (None, "not measured on both legs".into()),
+        (Some(_), None) => (None, "not measured on the oracle leg".into()),
+        (None, Some(_)) => (None, "not measured on our leg".into()),
+        _ => (None, "not measured on either leg".into()),
     };
     Axis {
         axis: name,

@@ -80,5 +80,5 @@ fn tiny_llama_engine_vs_transformers_passes_every_gate() {
         "transformers"
     );
     assert!(rec["refusals"].as_array().unwrap().is_empty());
-    assert!(json[0].with_extension("json.md").exists());
+    assert!(json[0].with_extension("md").exists());
 }

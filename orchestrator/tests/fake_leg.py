@@ -57,7 +57,7 @@ def main():
         if own.get("resizable"):
             n = flag("--num-blocks") or flag("--num-gpu-blocks-override") or n
         kv = {"block_size": b, "num_blocks": n, "capacity_tokens": b * n, "bytes": b * n * 64}
-    print("fake leg starting:", " ".join(sys.argv[1:]), file=sys.stderr, flush=True)
+    print(f"fake leg pid {os.getpid()} starting:", " ".join(sys.argv[1:]), file=sys.stderr, flush=True)
     if fault == "crash-load":
         print("loading weights... boom: fake crash at load", file=sys.stderr, flush=True)
         return 3

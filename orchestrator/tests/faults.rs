@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
@@ -206,18 +206,15 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     );
     assert_eq!(rec["project"]["tree"].as_str().unwrap().len(), 40);
     assert_eq!(rec["engine_binary"]["sha256"].as_str().unwrap().len(), 64);
-    let md = std::fs::read_to_string(format!(
-        "{}.md",
-        f.path("records/fake")
-            .read_dir()
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|x| x == "json"))
-            .unwrap()
-            .display()
-    ))
-    .unwrap();
+    let json = f
+        .path("records/fake")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .unwrap();
+    let md = std::fs::read_to_string(json.with_extension("md")).unwrap();
     assert!(
         md.contains("| per output token, warm (median, n=6) |"),
         "{md}"
@@ -231,7 +228,7 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     let log = rec["legs"]["engine"]["log"].as_str().unwrap();
     assert!(std::fs::read_to_string(log)
         .unwrap()
-        .contains("fake leg starting"));
+        .contains("fake leg pid "));
 }
 
 #[test]
@@ -580,4 +577,58 @@ fn lease_passes_the_exit_status_through() {
         .status()
         .unwrap();
     assert_eq!(st.code(), Some(7));
+}
+
+#[test]
+fn interrupt_kills_the_running_leg_group_and_exits_2() {
+    let f = Fixture::new("--fault=hang-generate", "", "");
+    let child = f
+        .run_cmd(&[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the engine leg hangs, and read its pid from its log.
+    let t = Instant::now();
+    let pid = loop {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the engine leg never started hanging"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let logs: Vec<PathBuf> = std::fs::read_dir(f.path("records/fake"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        let Some(log) = logs
+            .iter()
+            .find(|p| p.to_string_lossy().ends_with(".engine.log"))
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(log).unwrap();
+        if text.contains("hanging on purpose") {
+            let pid: i32 = text
+                .split("fake leg pid ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            break pid;
+        }
+    };
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        state.is_empty() || state.contains(") Z"),
+        "the hung leg must be dead: {state}"
+    );
 }
