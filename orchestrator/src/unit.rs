@@ -646,6 +646,34 @@ backend = "transformers"
         );
     }
 
+    /// docs/UNIT.md's example must parse, and show the same defaults the code applies.
+    #[test]
+    fn the_documented_unit_parses_with_the_documented_defaults() {
+        let doc = include_str!("../../docs/UNIT.md");
+        let start = doc.find("```toml\n").expect("a toml block in docs/UNIT.md") + 8;
+        let block = &doc[start..start + doc[start..].find("```").unwrap()];
+        let documented = Unit::parse(Path::new("/x/unit.toml"), block).unwrap();
+        let minimal = Unit::parse(Path::new("/x/unit.toml"), MINIMAL).unwrap();
+        let json = |u: &Unit| {
+            let c = &u.config;
+            serde_json::json!([
+                c.battery.max_tokens,
+                c.battery.ignore_eos,
+                c.battery.warmup,
+                c.battery.repeat,
+                c.battery.batch_sizes,
+                c.engine,
+                c.gates,
+                c.lease,
+                c.watchdog,
+                c.oracle.python,
+                c.oracle.device,
+                c.oracle.dtype
+            ])
+        };
+        assert_eq!(json(&documented), json(&minimal));
+    }
+
     #[test]
     fn unknown_key_is_an_error_naming_file_key_and_fix() {
         let text = MINIMAL.replace("[battery]", "[battery]\nrepeats = 2");
