@@ -2,8 +2,10 @@
 //! decoding, served over the leg protocol (docs/PROTOCOL.md).
 
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod generate;
 pub mod kv;

@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::cpu::CpuBackend;
+use crate::cuda::CudaBackend;
 use crate::error::{Error, Result};
 use crate::generate::Engine;
 use crate::kv::{self, PoolSize};
@@ -25,12 +27,10 @@ pub struct LoadOptions {
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Engine> {
-    if opts.device != "cpu" {
+    let is_cuda = opts.device.starts_with("cuda");
+    if opts.device != "cpu" && crate::cuda::backend::ordinal(&opts.device).is_none() {
         return Err(Error::Config {
-            message: format!(
-                "device {:?} is not available in this build; use --device cpu",
-                opts.device
-            ),
+            message: format!("device {:?} is not one of cpu, cuda, cuda:N", opts.device),
         });
     }
     let cfg = ModelConfig::load(&opts.model)?;
@@ -42,16 +42,28 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
                 message: "give --num-blocks or --kv-cache-memory, not both".into(),
             })
         }
-        (Some(n), None) => PoolSize::Blocks(n),
-        (None, Some(b)) => PoolSize::Bytes(b),
-        (None, None) => PoolSize::Default {
+        (Some(n), None) => Some(PoolSize::Blocks(n)),
+        (None, Some(b)) => Some(PoolSize::Bytes(b)),
+        (None, None) => None,
+    };
+    let backend: Box<dyn Backend> = if is_cuda {
+        Box::new(CudaBackend::load(
+            &cfg,
+            &ckpt,
+            &opts.device,
+            opts.block_size,
+            size,
+            opts.max_batch,
+        )?)
+    } else {
+        let size = size.unwrap_or(PoolSize::Default {
             max_batch: opts.max_batch,
             cap_bytes: CPU_DEFAULT_POOL_CAP,
-        },
+        });
+        let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?;
+        Box::new(CpuBackend::load(&cfg, &ckpt, pool)?)
     };
-    let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?;
-    let backend = CpuBackend::load(&cfg, &ckpt, pool)?;
-    Ok(Engine::new(Box::new(backend), cfg, opts.max_batch))
+    Ok(Engine::new(backend, cfg, opts.max_batch))
 }
 
 /// The `resolved` object of the `ready` event: what the engine actually runs with.
@@ -62,7 +74,7 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "model": opts.model.display().to_string(),
         "architecture": cfg.architecture.hf_name(),
         "device": opts.device,
-        "dtype": "float32",
+        "dtype": engine.backend().features()["dtype"],
         "weights_dtype": cfg.dtype,
         "block_size": pool.block_size,
         "num_blocks": pool.num_blocks,

@@ -22,6 +22,33 @@ enum Command {
     Serve(ModelArgs),
     /// Generate greedily for one or more prompts and print the new token ids.
     Generate(GenerateArgs),
+    /// Measure the engine's speed (per output token, time to first token, batch throughput,
+    /// load, peak host memory) and, on a GPU, the bandwidth floor; prints a JSON object.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Lengths of the synthetic prompts timed per output token.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256,1000")]
+    prompt_lens: Vec<usize>,
+    /// New tokens per prompt for the per-output-token recipe.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Timed repeats over one load.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Prompt length for time to first token.
+    #[arg(long, default_value_t = 512)]
+    ttft_len: usize,
+    /// Batch size for the throughput figure.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// New tokens per prompt for the throughput figure.
+    #[arg(long, default_value_t = 128)]
+    batch_tokens: usize,
 }
 
 #[derive(Args)]
@@ -118,6 +145,13 @@ fn main() -> ExitCode {
             );
             ExitCode::from(code as u8)
         }
+        Command::Bench(args) => match bench(&args, started) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Generate(args) => match generate(&args, started) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -195,5 +229,61 @@ fn generate(args: &GenerateArgs, started: Instant) -> Result<(), String> {
         summary.wall_s,
         summary.tokens as f64 / summary.wall_s
     );
+    Ok(())
+}
+
+fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
+    args.model.init_threads();
+    let opts = args.model.options();
+    let mut engine = load::load(&opts).map_err(|e| e.to_string())?;
+    let load_s = started.elapsed().as_secs_f64();
+    let cfg = engine.config().clone();
+    eprintln!("loaded {} in {load_s:.2} s", opts.model.display());
+    let bopts = engine::bench::BenchOptions {
+        prompt_lens: args.prompt_lens.clone(),
+        max_tokens: args.max_tokens,
+        repeat: args.repeat,
+        ttft_len: args.ttft_len,
+        batch: args.batch,
+        batch_tokens: args.batch_tokens,
+        seed: 7,
+    };
+    let mut out = engine::bench::bench(&mut engine, &bopts).map_err(|e| e.to_string())?;
+    out["load_s"] = load_s.into();
+    out["peak_host_bytes"] = engine::bench::peak_rss_bytes().into();
+    out["features"] = engine.backend().features();
+    out["model"] = opts.model.display().to_string().into();
+    let per_token = out["per_output_token_s"].as_f64().unwrap_or(f64::NAN);
+    if let Some(ord) = engine::cuda::backend::ordinal(&opts.device) {
+        drop(engine);
+        let bw = engine::cuda::backend::copy_bandwidth(ord, 1 << 31).map_err(|e| e.to_string())?;
+        let bytes = engine::cuda::backend::bytes_per_token(&cfg);
+        let floor = bytes as f64 / bw;
+        out["copy_bandwidth_bytes_s"] = bw.into();
+        out["bytes_per_token"] = bytes.into();
+        out["floor_s"] = floor.into();
+        out["fraction_of_floor"] = (floor / per_token).into();
+        eprintln!(
+            "floor: {bytes} bytes per token / {:.0} GB/s copy = {:.3} ms",
+            bw / 1e9,
+            floor * 1e3
+        );
+    }
+    eprintln!(
+        "per output token {:.3} ms (spread {:.1}%); ttft({}) {:.2} ms; batch {} x {} tokens: {:.0} tok/s; load {load_s:.2} s; peak host {:.0} MiB{}",
+        per_token * 1e3,
+        out["per_output_token_spread"].as_f64().unwrap_or(0.0) * 100.0,
+        args.ttft_len,
+        out["ttft_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
+        args.batch,
+        args.batch_tokens,
+        out["batch_throughput_tok_s"].as_f64().unwrap_or(f64::NAN),
+        out["peak_host_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64,
+        out["fraction_of_floor"]
+            .as_f64()
+            .map(|f| format!("; {:.0}% of the bandwidth floor", f * 100.0))
+            .unwrap_or_default()
+    );
+    println!("{out}");
     Ok(())
 }

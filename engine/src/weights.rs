@@ -214,6 +214,23 @@ impl Checkpoint {
         })
     }
 
+    /// Which shard holds a tensor (for uploading shard by shard).
+    pub fn shard_of(&self, name: &str) -> Option<usize> {
+        self.entries.get(name).map(|e| e.shard)
+    }
+
+    /// Tells the kernel that a shard's pages are no longer needed, so that uploading a large
+    /// checkpoint keeps about one shard resident in host memory rather than the whole model.
+    pub fn release_shard(&self, shard: usize) {
+        // SAFETY: the mapping is read-only and file-backed: dropped pages are read again from
+        // the file if touched, so no view into it can observe different contents.
+        let _ = unsafe {
+            self.shards[shard]
+                .map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        };
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(String::as_str)
     }

@@ -21,7 +21,7 @@ fn assert_matches(unit: &str, how: &str, got: &[Vec<u32>], golden: &[Vec<u32>]) 
 fn generate_command_reproduces_goldens() {
     for unit in UNITS {
         let (_, golden, max_tokens) = battery(unit);
-        let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        let out = Command::new(common::engine_bin())
             .arg("generate")
             .arg("--model")
             .arg(model_dir(unit))

@@ -10,11 +10,23 @@ use serde_json::{json, Value};
 
 pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3"];
 
+/// The repository root: `ENGINE_REPO_ROOT` when a test binary runs away from where it was built
+/// (the GPU box), else the source tree it was built from.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    match std::env::var_os("ENGINE_REPO_ROOT") {
+        Some(root) => PathBuf::from(root),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    }
+}
+
+/// The engine binary: `ENGINE_BIN` when set (see `repo`), else the one cargo built.
+pub fn engine_bin() -> PathBuf {
+    std::env::var_os("ENGINE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_engine")))
 }
 
 pub fn unit_dir(unit: &str) -> PathBuf {
@@ -33,11 +45,22 @@ pub fn read_json(path: &Path) -> Value {
 
 /// (prompt token lists, golden token lists, golden max_tokens), in the prompts file's order.
 pub fn battery(unit: &str) -> (Vec<Vec<i64>>, Vec<Vec<u32>>, usize) {
+    let (p, g, m, _) = battery_with_margins(unit, "golden.json");
+    (p, g, m)
+}
+
+/// As `battery`, from a named golden file, with the golden's top-2 margins per position.
+#[allow(clippy::type_complexity)]
+pub fn battery_with_margins(
+    unit: &str,
+    golden_file: &str,
+) -> (Vec<Vec<i64>>, Vec<Vec<u32>>, usize, Vec<Vec<f64>>) {
     let prompts = read_json(&unit_dir(unit).join("prompts.json"));
-    let golden = read_json(&unit_dir(unit).join("golden.json"));
+    let golden = read_json(&unit_dir(unit).join(golden_file));
     assert_eq!(golden["ignore_eos"], true, "{unit}: golden must ignore EOS");
     let mut ps = Vec::new();
     let mut gs = Vec::new();
+    let mut ms = Vec::new();
     for p in prompts["prompts"].as_array().unwrap() {
         let id = p["id"].as_str().unwrap();
         let out = golden["outputs"]
@@ -48,8 +71,9 @@ pub fn battery(unit: &str) -> (Vec<Vec<i64>>, Vec<Vec<u32>>, usize) {
             .unwrap_or_else(|| panic!("{unit}: golden has no output for {id}"));
         ps.push(serde_json::from_value(p["tokens"].clone()).unwrap());
         gs.push(serde_json::from_value(out["tokens"].clone()).unwrap());
+        ms.push(serde_json::from_value(out["margins"].clone()).unwrap_or_default());
     }
-    (ps, gs, golden["max_tokens"].as_u64().unwrap() as usize)
+    (ps, gs, golden["max_tokens"].as_u64().unwrap() as usize, ms)
 }
 
 pub struct Leg {
@@ -60,11 +84,16 @@ pub struct Leg {
 
 impl Leg {
     pub fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+        Self::start_with_env(model, extra, &[])
+    }
+
+    pub fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(engine_bin())
             .arg("serve")
             .arg("--model")
             .arg(model)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

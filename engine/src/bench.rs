@@ -1,0 +1,164 @@
+//! `engine bench`: the engine's own speed, measured the way the orchestrator measures a leg
+//! (docs/PROTOCOL.md's timing recipe), plus the bandwidth floor on a GPU. A benchmark, not a
+//! test: it prints figures for a person and a JSON object for a record.
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::generate::{Engine, Request, SeqResult};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Lengths of the prompts timed for per-output-token.
+    pub prompt_lens: Vec<usize>,
+    pub max_tokens: usize,
+    pub repeat: usize,
+    pub ttft_len: usize,
+    pub batch: usize,
+    pub batch_tokens: usize,
+    pub seed: u64,
+}
+
+/// Deterministic pseudo-random token ids in [0, vocab): no tokenizer needed, same prompts on
+/// every run.
+pub fn synthetic_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407);
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn run(
+    engine: &mut Engine,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    batch: usize,
+) -> Result<(Vec<SeqResult>, f64)> {
+    let req = Request {
+        prompts,
+        max_tokens,
+        ignore_eos: true,
+        batch,
+    };
+    let mut out = Vec::new();
+    let s = engine.generate(&req, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    out.sort_by_key(|r| r.index);
+    Ok((out, s.wall_s))
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Runs the benchmark; returns the figures as JSON.
+pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Value> {
+    let vocab = engine.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = opts
+        .prompt_lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| synthetic_prompt(n, vocab, opts.seed + i as u64))
+        .collect();
+    // Warm-up: every shape the timed runs use.
+    run(engine, prompts.clone(), opts.max_tokens, 1)?;
+    let mut per_token = Vec::new();
+    let started = Instant::now();
+    for _ in 0..opts.repeat {
+        let (one, _) = run(engine, prompts.clone(), 1, 1)?;
+        let (n, _) = run(engine, prompts.clone(), opts.max_tokens, 1)?;
+        for (a, b) in one.iter().zip(&n) {
+            per_token.push((b.elapsed_s - a.elapsed_s) / (opts.max_tokens - 1) as f64);
+        }
+    }
+    let ttft_prompt = synthetic_prompt(opts.ttft_len, vocab, opts.seed + 1000);
+    run(engine, vec![ttft_prompt.clone()], 1, 1)?;
+    let mut ttft = Vec::new();
+    for _ in 0..opts.repeat {
+        let (r, _) = run(engine, vec![ttft_prompt.clone()], 1, 1)?;
+        ttft.push(r[0].ttft_s);
+    }
+    let batch_prompts: Vec<Vec<u32>> = (0..opts.batch)
+        .map(|i| {
+            synthetic_prompt(
+                opts.prompt_lens[i % opts.prompt_lens.len()],
+                vocab,
+                opts.seed + 2000 + i as u64,
+            )
+        })
+        .collect();
+    run(engine, batch_prompts.clone(), opts.batch_tokens, opts.batch)?;
+    let mut batch_tps = Vec::new();
+    for _ in 0..opts.repeat {
+        let (r, wall) = run(engine, batch_prompts.clone(), opts.batch_tokens, opts.batch)?;
+        let n: usize = r.iter().map(|x| x.tokens.len()).sum();
+        batch_tps.push(n as f64 / wall);
+    }
+    let spread = |v: &[f64]| {
+        let m = median(v);
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (hi - lo) / m
+    };
+    Ok(serde_json::json!({
+        "per_output_token_s": median(&per_token),
+        "per_output_token_samples": per_token,
+        "per_output_token_spread": spread(&per_token),
+        "ttft_s": median(&ttft),
+        "ttft_prompt_len": opts.ttft_len,
+        "batch": opts.batch,
+        "batch_tokens": opts.batch_tokens,
+        "batch_throughput_tok_s": median(&batch_tps),
+        "timed_s": started.elapsed().as_secs_f64(),
+        "prompt_lens": opts.prompt_lens,
+        "max_tokens": opts.max_tokens,
+        "repeat": opts.repeat,
+    }))
+}
+
+/// Peak resident set of this process (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_prompts_are_deterministic_and_in_vocab() {
+        let a = synthetic_prompt(100, 37, 5);
+        assert_eq!(a, synthetic_prompt(100, 37, 5));
+        assert_ne!(a, synthetic_prompt(100, 37, 6));
+        assert!(a.iter().all(|&t| t < 37));
+        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 20);
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

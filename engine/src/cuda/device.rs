@@ -1,0 +1,154 @@
+//! Thin, explicit device plumbing: raw allocations that free themselves, copies, and kernel
+//! launches from plain values. The backend launches by raw pointer so that a decode step can be
+//! captured into a CUDA graph and replayed with no Rust-side bookkeeping per kernel.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys, CudaFunction, CudaStream, DriverError};
+
+use crate::error::{Error, Result};
+
+pub fn driver_err(what: &str) -> impl Fn(DriverError) -> Error + '_ {
+    move |e| Error::Internal {
+        message: format!("CUDA {what} failed: {e:?}"),
+    }
+}
+
+/// A device allocation, zero-filled, freed on drop.
+pub struct DevBuf {
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn zeroed(bytes: usize) -> Result<Self> {
+        let bytes = bytes.max(4);
+        // SAFETY: a plain allocation in the current context, freed exactly once in Drop.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(driver_err("cuMemAlloc"))?;
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(driver_err("cuMemset"))?;
+        Ok(Self { ptr, bytes })
+    }
+
+    /// The address of element `index` of a buffer of `elem`-byte elements.
+    pub fn at(&self, index: usize, elem: usize) -> sys::CUdeviceptr {
+        debug_assert!(index * elem <= self.bytes);
+        self.ptr + (index * elem) as u64
+    }
+
+    /// Copies host bytes to `offset` (synchronous with respect to the host).
+    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if offset + src.len() > self.bytes {
+            return Err(Error::Internal {
+                message: format!(
+                    "device write of {} bytes at {offset} overruns a {}-byte buffer",
+                    src.len(),
+                    self.bytes
+                ),
+            });
+        }
+        // SAFETY: bounds checked above; src is a live host slice.
+        unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
+            .map_err(driver_err("cuMemcpyHtoD"))
+    }
+
+    pub fn write<T: Copy>(&self, offset_elems: usize, src: &[T]) -> Result<()> {
+        let elem = std::mem::size_of::<T>();
+        // SAFETY: T is Copy plain data; viewing it as bytes reads initialised memory.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src))
+        };
+        self.write_bytes(offset_elems * elem, bytes)
+    }
+
+    /// Copies the first `dst.len()` elements to the host on `stream`, then waits for it.
+    pub fn read<T: Copy>(&self, dst: &mut [T], stream: &CudaStream) -> Result<()> {
+        if std::mem::size_of_val(dst) > self.bytes {
+            return Err(Error::Internal {
+                message: "device read overruns its buffer".into(),
+            });
+        }
+        // SAFETY: bounds checked; the copy completes before the slice is used (synchronize).
+        unsafe {
+            result::memcpy_dtoh_async(dst, self.ptr, stream.cu_stream())
+                .map_err(driver_err("cuMemcpyDtoH"))?;
+        }
+        stream
+            .synchronize()
+            .map_err(driver_err("stream synchronize"))
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync and freed only here.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A kernel argument as the 8 bytes cuLaunchKernel reads from: the driver reads as many bytes
+/// as the kernel's parameter has, from the start, so little-endian scalars need no other care.
+pub trait Arg {
+    fn bits(self) -> u64;
+}
+
+impl Arg for u64 {
+    fn bits(self) -> u64 {
+        self
+    }
+}
+
+impl Arg for i32 {
+    fn bits(self) -> u64 {
+        self as u32 as u64
+    }
+}
+
+impl Arg for f32 {
+    fn bits(self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+
+/// Launches `f` on `stream`; `args` in the kernel's parameter order.
+pub fn launch(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared: u32,
+    args: &mut [u64],
+) -> Result<()> {
+    const MAX_ARGS: usize = 32;
+    assert!(
+        args.len() <= MAX_ARGS,
+        "a kernel takes at most {MAX_ARGS} arguments here"
+    );
+    let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+    for (p, a) in params.iter_mut().zip(args.iter_mut()) {
+        *p = a as *mut u64 as *mut c_void;
+    }
+    let params = &mut params[..args.len()];
+    // SAFETY: every parameter points at a live 8-byte value for the duration of the call, which
+    // copies them; pointers among them are device addresses of live buffers.
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            grid,
+            (block, 1, 1),
+            shared,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .map_err(driver_err("kernel launch"))
+}
+
+/// `launch!(f, stream, grid, block, shared; a, b, c)`: each argument converted by [`Arg`].
+#[macro_export]
+macro_rules! launch {
+    ($f:expr, $stream:expr, $grid:expr, $block:expr, $shared:expr; $($arg:expr),* $(,)?) => {{
+        use $crate::cuda::device::Arg as _;
+        let mut args = [$( ($arg).bits() ),*];
+        $crate::cuda::device::launch($f, $stream, $grid, $block, $shared, &mut args)
+    }};
+}

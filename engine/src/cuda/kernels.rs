@@ -1,0 +1,211 @@
+//! The CUDA kernels (`engine/kernels/*.cu`), compiled by NVRTC for the device's own
+//! architecture at start and cached on disk, keyed by the source's hash, the architecture and
+//! the driver version, so only the first start on a machine pays for the compile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{self, Ptx};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// `common.cuh` first, then every kernel file: one program, one module.
+const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("embed.cu", include_str!("../../kernels/embed.cu")),
+    ("rmsnorm.cu", include_str!("../../kernels/rmsnorm.cu")),
+    ("gemv.cu", include_str!("../../kernels/gemv.cu")),
+    ("rope_kv.cu", include_str!("../../kernels/rope_kv.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("swiglu.cu", include_str!("../../kernels/swiglu.cu")),
+    ("argmax.cu", include_str!("../../kernels/argmax.cu")),
+];
+
+/// The whole program's source, with `#line` markers so compile errors name the real file.
+pub fn source() -> String {
+    let mut s = String::new();
+    for (name, text) in SOURCES {
+        s.push_str(&format!("#line 1 \"{name}\"\n"));
+        s.push_str(text);
+        s.push('\n');
+    }
+    s
+}
+
+/// The kernel files' names, reported in `ready.features.kernels`.
+pub fn names() -> Vec<&'static str> {
+    SOURCES.iter().skip(1).map(|(n, _)| *n).collect()
+}
+
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        // Exact division and square root: the CPU reference is compared token for token.
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+        "--fmad=true".into(),
+    ]
+}
+
+/// Compiles the program to a cubin for `arch` (e.g. "sm_90").
+pub fn compile(arch: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(source()).expect("kernel sources contain no NUL");
+    let name = std::ffi::CString::new("engine_kernels.cu").unwrap();
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| Error::Internal {
+        message: format!("NVRTC could not create the kernel program: {e:?}"),
+    })?;
+    let opts = options(arch);
+    // SAFETY: prog is a live program; it is destroyed below on every path.
+    let compiled = unsafe { result::compile_program(prog, &opts) };
+    let out = match compiled {
+        Ok(()) => unsafe {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(prog, &mut size)
+                .result()
+                .and_then(|_| {
+                    let mut buf = vec![0u8; size];
+                    sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _)
+                        .result()
+                        .map(|_| buf)
+                })
+        }
+        .map_err(|e| Error::Internal {
+            message: format!("NVRTC compiled the kernels but gave no cubin: {e:?}"),
+        }),
+        Err(e) => {
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| {
+                    let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                    String::from_utf8_lossy(&bytes)
+                        .trim_end_matches('\0')
+                        .to_string()
+                })
+                .unwrap_or_default();
+            Err(Error::Internal {
+                message: format!("the CUDA kernels do not compile for {arch} ({e:?}):\n{log}"),
+            })
+        }
+    };
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+/// Where compiled kernels are cached: `$LLM_BENCH_KERNEL_CACHE`, else
+/// `$XDG_CACHE_HOME/llm-bench/kernels`, else `~/.cache/llm-bench/kernels`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("LLM_BENCH_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("llm-bench").join("kernels"))
+}
+
+pub fn cache_key(arch: &str, driver: i32) -> String {
+    let mut h = Sha256::new();
+    h.update(source().as_bytes());
+    h.update(options(arch).join(" ").as_bytes());
+    let digest = h.finalize();
+    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-{arch}-driver{driver}")
+}
+
+/// How the module was obtained, for the `ready` event.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Provenance {
+    pub arch: String,
+    pub cache_key: String,
+    pub from_cache: bool,
+    pub compile_s: f64,
+}
+
+pub fn load(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    driver: i32,
+) -> Result<(Arc<CudaModule>, Provenance)> {
+    let key = cache_key(arch, driver);
+    let path = cache_dir().map(|d| d.join(format!("{key}.cubin")));
+    let started = std::time::Instant::now();
+    let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+    let from_cache = cached.is_some();
+    let cubin = match cached {
+        Some(c) => c,
+        None => {
+            let c = compile(arch)?;
+            if let Some(p) = &path {
+                // A failed cache write only costs the next start a compile.
+                if let Some(dir) = p.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &c).is_ok() {
+                    let _ = std::fs::rename(&tmp, p);
+                }
+            }
+            c
+        }
+    };
+    let module = ctx
+        .load_module(Ptx::from_binary(cubin))
+        .map_err(|e| Error::Internal {
+            message: format!(
+                "the driver refused the compiled kernels ({e:?}); delete {} and retry",
+                path.map(|p| p.display().to_string()).unwrap_or_default()
+            ),
+        })?;
+    Ok((
+        module,
+        Provenance {
+            arch: arch.to_string(),
+            cache_key: key,
+            from_cache,
+            compile_s: started.elapsed().as_secs_f64(),
+        },
+    ))
+}
+
+pub fn function(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+    module.load_function(name).map_err(|e| Error::Internal {
+        message: format!("kernel {name} is missing from the compiled module: {e:?}"),
+    })
+}
+
+/// Whether NVRTC can be loaded here (it needs no GPU).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { nvrtc::sys::is_culib_present() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles every kernel for Hopper wherever NVRTC can be loaded (no GPU needed);
+    /// `scripts/test` points the loader at the NVRTC that the Python environment's torch
+    /// brings, so CI catches a kernel that does not compile.
+    #[test]
+    fn kernels_compile_for_sm90() {
+        if !nvrtc_present() {
+            eprintln!("skipped: NVRTC is not loadable here (set LD_LIBRARY_PATH to its lib dir)");
+            assert!(
+                std::env::var_os("LLM_BENCH_REQUIRE_NVRTC").is_none(),
+                "LLM_BENCH_REQUIRE_NVRTC is set but NVRTC cannot be loaded"
+            );
+            return;
+        }
+        let cubin = compile("sm_90").unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
+    }
+
+    #[test]
+    fn cache_key_depends_on_arch_and_driver() {
+        assert_ne!(cache_key("sm_90", 13000), cache_key("sm_80", 13000));
+        assert_ne!(cache_key("sm_90", 13000), cache_key("sm_90", 13010));
+    }
+}

@@ -1,0 +1,17 @@
+//! The CUDA backend (cudarc, loaded at run time, so the crate builds where there is no CUDA).
+
+pub mod backend;
+pub mod device;
+pub mod kernels;
+pub mod plan;
+
+pub use backend::CudaBackend;
+
+/// How many CUDA devices this machine has; 0 where there is no driver.
+pub fn device_count() -> usize {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}

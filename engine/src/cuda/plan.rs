@@ -1,0 +1,271 @@
+//! Host-side arithmetic of the CUDA backend, kept free of CUDA so it is tested everywhere:
+//! what the checkpoint needs on the device, the shapes of every buffer a decode step touches,
+//! and each kernel's launch geometry.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kv::PoolShape;
+
+/// Threads per block of the GEMV kernels (one warp per output row).
+pub const GEMV_THREADS: u32 = 256;
+/// Threads per block of the attention kernel (`ATT_THREADS` in attention.cu).
+pub const ATT_THREADS: u32 = 128;
+/// Positions per shared-memory tile of the attention kernel (`ATT_TILE`).
+pub const ATT_TILE: usize = 64;
+/// Most query heads per KV head the attention kernel holds (`ATT_MAXG`).
+pub const ATT_MAXG: usize = 16;
+/// Largest head dimension the attention kernel handles (2 per thread x `ATT_THREADS`, and
+/// `ATT_MAXJ` x 32 lanes).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
+/// split per 32 positions of its context, up to this many, whatever the batch (attention.cu).
+pub const MAX_SPLITS: usize = 32;
+/// The GEMV kernels are instantiated for 1..=8 activation rows.
+pub const MAX_GEMV_BATCH: usize = 8;
+/// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
+pub const PREFILL_CHUNK: usize = 1024;
+
+/// Checks that the model fits the kernels' assumptions; the error names the figure.
+pub fn check_model(cfg: &ModelConfig) -> Result<()> {
+    let fail = |message: String| Err(Error::Load { message });
+    let group = cfg.num_heads / cfg.num_kv_heads;
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return fail(format!(
+            "head_dim {} exceeds the CUDA attention kernel's {MAX_HEAD_DIM}",
+            cfg.head_dim
+        ));
+    }
+    if group > ATT_MAXG {
+        return fail(format!(
+            "{group} query heads per KV head exceed the CUDA attention kernel's {ATT_MAXG}"
+        ));
+    }
+    for (what, n) in [
+        ("hidden_size", cfg.hidden_size),
+        ("intermediate_size", cfg.intermediate_size),
+        ("num_attention_heads x head_dim", cfg.q_dim()),
+    ] {
+        if n % 8 != 0 {
+            return fail(format!(
+                "{what} = {n} is not a multiple of 8; the CUDA GEMV reads weight rows 16 bytes \
+                 at a time"
+            ));
+        }
+    }
+    if cfg.o_bias || cfg.mlp_bias {
+        return fail(
+            "attention_bias on o_proj or mlp_bias is not implemented on the CUDA backend; use \
+             --device cpu"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Bytes of the bf16 weights on the device (tied embeddings counted once).
+pub fn weight_bytes(cfg: &ModelConfig) -> usize {
+    crate::weights::expected_tensors(cfg)
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>() * 2)
+        .sum()
+}
+
+/// Dynamic shared memory of one attention block: the group's queries and a tile of scores.
+pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
+    let g = cfg.num_heads / cfg.num_kv_heads;
+    ((g * cfg.head_dim + g * ATT_TILE) * 4) as u32
+}
+
+/// Blocks of a GEMV over `rows` output rows (one warp each).
+pub fn gemv_blocks(rows: usize) -> u32 {
+    (rows as u32).div_ceil(GEMV_THREADS / 32)
+}
+
+/// Elements of every decode buffer, for `max_batch` sequences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeLayout {
+    pub max_batch: usize,
+    /// Block-table entries per sequence: the whole context in blocks.
+    pub max_blocks: usize,
+    pub x: usize,
+    pub qkv: usize,
+    pub attn: usize,
+    pub act: usize,
+    pub logits: usize,
+    pub part_o: usize,
+    pub part_ml: usize,
+    pub tables: usize,
+}
+
+impl DecodeLayout {
+    pub fn new(cfg: &ModelConfig, pool: &PoolShape, max_batch: usize) -> Self {
+        let max_blocks = cfg.max_position_embeddings.div_ceil(pool.block_size);
+        let qkv_width = cfg.q_dim() + 2 * cfg.kv_dim();
+        Self {
+            max_batch,
+            max_blocks,
+            x: max_batch * cfg.hidden_size,
+            qkv: max_batch * qkv_width,
+            attn: max_batch * cfg.q_dim(),
+            act: max_batch * cfg.intermediate_size,
+            logits: max_batch * cfg.vocab_size,
+            part_o: max_batch * cfg.num_heads * MAX_SPLITS * cfg.head_dim,
+            part_ml: max_batch * cfg.num_heads * MAX_SPLITS * 2,
+            tables: max_batch * max_blocks,
+        }
+    }
+
+    /// Device bytes of all decode buffers (f32 and i32 are 4 bytes each).
+    pub fn bytes(&self) -> usize {
+        4 * (2 * self.x
+            + self.qkv
+            + self.attn
+            + self.act
+            + self.logits
+            + self.part_o
+            + self.part_ml
+            + self.tables
+            + 3 * self.max_batch)
+    }
+}
+
+/// Elements of the prefill scratch for `rows` prompt tokens in one pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillLayout {
+    pub rows: usize,
+    pub x: usize,
+    pub xn_bf16: usize,
+    pub qkv: usize,
+    pub attn_bf16: usize,
+    pub gate_up: usize,
+    pub act_bf16: usize,
+    pub part_o: usize,
+    pub part_ml: usize,
+}
+
+impl PrefillLayout {
+    pub fn new(cfg: &ModelConfig, rows: usize) -> Self {
+        Self {
+            rows,
+            x: rows * cfg.hidden_size,
+            xn_bf16: rows * cfg.hidden_size,
+            qkv: rows * (cfg.q_dim() + 2 * cfg.kv_dim()),
+            attn_bf16: rows * cfg.q_dim(),
+            gate_up: rows * 2 * cfg.intermediate_size,
+            act_bf16: rows * cfg.intermediate_size,
+            part_o: rows * cfg.num_heads * cfg.head_dim,
+            part_ml: rows * cfg.num_heads * 2,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        4 * (self.x + self.qkv + self.gate_up + self.part_o + self.part_ml + 3 * self.rows)
+            + 2 * (self.xn_bf16 + self.attn_bf16 + self.act_bf16)
+    }
+}
+
+/// The device memory a load needs beyond the KV pool, and the error when it does not fit.
+pub fn check_fits(
+    cfg: &ModelConfig,
+    max_batch: usize,
+    pool: &PoolShape,
+    free: usize,
+    total: usize,
+) -> Result<()> {
+    let weights = weight_bytes(cfg);
+    let scratch = DecodeLayout::new(cfg, pool, max_batch).bytes()
+        + PrefillLayout::new(cfg, PREFILL_CHUNK).bytes()
+        + cfg.vocab_size * 4;
+    let need = weights + pool.bytes() + scratch;
+    if need > free {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        return Err(Error::Load {
+            message: format!(
+                "the model does not fit the GPU: weights {:.2} GiB + KV pool {:.2} GiB \
+                 ({} blocks) + scratch {:.2} GiB = {:.2} GiB, but {:.2} GiB of {:.2} GiB are \
+                 free; free the GPU or lower --num-blocks / --kv-cache-memory",
+                gib(weights),
+                gib(pool.bytes()),
+                pool.num_blocks,
+                gib(scratch),
+                gib(need),
+                gib(free),
+                gib(total)
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{resolve_pool, PoolSize};
+
+    fn llama_1b() -> ModelConfig {
+        ModelConfig::parse(
+            &serde_json::json!({
+                "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+                "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
+                "vocab_size": 128256, "max_position_embeddings": 131072,
+                "tie_word_embeddings": true, "rope_theta": 500000.0,
+            })
+            .to_string(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn llama_1b_weights_are_its_parameter_count_in_bf16() {
+        // Llama-3.2-1B has 1,235,814,400 parameters (embedding tied).
+        assert_eq!(weight_bytes(&llama_1b()), 2 * 1_235_814_400);
+    }
+
+    #[test]
+    fn geometry() {
+        let c = llama_1b();
+        assert_eq!(gemv_blocks(2048), 256);
+        assert_eq!(gemv_blocks(2049), 257);
+        assert_eq!(attention_smem_bytes(&c), ((4 * 64 + 4 * 64) * 4) as u32);
+        let pool = resolve_pool(&c, 16, PoolSize::Blocks(100), 2).unwrap();
+        let d = DecodeLayout::new(&c, &pool, 8);
+        assert_eq!(d.max_blocks, 8192);
+        assert_eq!(d.tables, 8 * 8192);
+        assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
+        assert_eq!(d.part_o, 8 * 32 * 32 * 64);
+        let p = PrefillLayout::new(&c, 512);
+        assert_eq!(p.gate_up, 512 * 16384);
+    }
+
+    #[test]
+    fn unsupported_shapes_are_named() {
+        let mut c = llama_1b();
+        c.head_dim = 512;
+        assert!(check_model(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("head_dim 512"));
+        let mut c = llama_1b();
+        c.intermediate_size = 8190;
+        assert!(check_model(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("intermediate_size = 8190"));
+        assert!(check_model(&llama_1b()).is_ok());
+    }
+
+    #[test]
+    fn a_model_too_big_is_refused_with_figures() {
+        let c = llama_1b();
+        let pool = resolve_pool(&c, 16, PoolSize::Blocks(1000), 2).unwrap();
+        let e = check_fits(&c, 8, &pool, 1 << 30, 80 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("weights 2.30 GiB") && e.contains("1.00 GiB of 80.00 GiB are free"),
+            "{e}"
+        );
+        assert!(check_fits(&c, 8, &pool, 40 << 30, 80 << 30).is_ok());
+    }
+}
