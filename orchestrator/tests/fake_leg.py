@@ -4,7 +4,7 @@
 It speaks docs/PROTOCOL.md well enough to be benchmarked, and misbehaves on request. Its own
 options come first as --name=value; every other argument (the engine's or the oracle's argv) is
 accepted and mostly ignored:
-  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event
+  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override
@@ -42,6 +42,10 @@ def main():
         else:
             rest.append(a)
     if "check" in rest:
+        if own.get("fault") == "check-fail":
+            print("ok   python: 3.11")
+            print("FAIL vllm: cannot import vllm (No module named 'vllm'); install oracle/requirements-vllm.txt")
+            return 1
         print("ok   fake oracle check")
         return 0
     fault = own.get("fault", "none")

@@ -632,3 +632,37 @@ fn interrupt_kills_the_running_leg_group_and_exits_2() {
         "the hung leg must be dead: {state}"
     );
 }
+
+#[test]
+fn check_names_each_failure_and_quotes_the_oracles_fail_lines() {
+    let f = Fixture::new("", "--fault=check-fail", "");
+    std::fs::remove_file(f.path("engine.sh")).unwrap();
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(f.path("unit.toml"))
+        .arg("--python")
+        .arg(f.path("python.sh"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("ok   unit:") && s.contains("ok   model:") && s.contains("ok   golden:"),
+        "{s}"
+    );
+    assert!(
+        s.contains("FAIL engine:") && s.contains("engine.sh does not exist"),
+        "{s}"
+    );
+    assert!(s.contains("cargo build --release -p engine"), "{s}");
+    assert!(s.contains("FAIL oracle:"), "{s}");
+    assert!(
+        s.contains("| FAIL vllm: cannot import vllm"),
+        "the oracle's FAIL line is quoted: {s}"
+    );
+    assert!(
+        !s.contains("ok   python: 3.11"),
+        "only FAIL lines are quoted: {s}"
+    );
+    assert!(s.contains("preflight FAILED: 2 check(s) failed"), "{s}");
+}

@@ -21,6 +21,7 @@ impl Gate for LegGate {
                         refusal: Refusal::LegFailed {
                             leg,
                             failure: f.clone(),
+                            log: rec.log.clone(),
                         },
                     },
                     None => Verdict::Pass {

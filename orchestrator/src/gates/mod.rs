@@ -158,6 +158,7 @@ pub enum Refusal {
     LegFailed {
         leg: LegName,
         failure: LegFailure,
+        log: PathBuf,
     },
     Stragglers {
         leg: LegName,
@@ -255,10 +256,11 @@ impl fmt::Display for Refusal {
                 degraded.len(),
                 degraded.join(", ")
             ),
-            Refusal::LegFailed { leg, failure } => write!(
+            Refusal::LegFailed { leg, failure, log } => write!(
                 f,
-                "The {leg} leg failed in phase {}: {failure}. Nothing it measured after that point is reported.",
-                failure.phase
+                "The {leg} leg failed in phase {}: {failure}. Nothing it measured after that point is reported; its whole stderr is in {}.",
+                failure.phase,
+                log.display()
             ),
             Refusal::Stragglers { leg, stragglers } => {
                 let list: Vec<String> = stragglers
