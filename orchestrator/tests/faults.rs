@@ -367,7 +367,7 @@ fn wrong_tokens_are_refused_and_timings_still_shown() {
         "{s}"
     );
     assert!(s.contains("prompt p0 first differs at position 5"), "{s}");
-    assert!(s.contains("not a near-tie (golden margin 5.000e-1)"), "{s}");
+    assert!(s.contains("not a near-tie (golden margin 0.5000)"), "{s}");
     assert_eq!(gate(&rec, "token", Some("oracle"))["verdict"], "pass");
     let axis = &rec["axes"][0];
     assert!(

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 
 use crate::leg::{LegFailure, LegName, LegRecord};
 use crate::protocol::Kv;
+use crate::table::fmt_num;
 use crate::unit::{Golden, Unit};
 use crate::watchdog::Straggler;
 
@@ -93,8 +94,8 @@ impl fmt::Display for Mismatch {
             self.want
         )?;
         match (self.margin, self.near_tie) {
-            (Some(m), true) => write!(f, ", at a recorded near-tie (golden margin {m:.3e})"),
-            (Some(m), false) => write!(f, ", not a near-tie (golden margin {m:.3e})"),
+            (Some(m), true) => write!(f, ", at a recorded near-tie (golden margin {})", fmt_num(m)),
+            (Some(m), false) => write!(f, ", not a near-tie (golden margin {})", fmt_num(m)),
             (None, _) => write!(f, ", no margin recorded there"),
         }
     }
