@@ -14,7 +14,7 @@ use crate::record::{
 };
 use crate::table;
 use crate::timing::Timings;
-use crate::unit::{KvMatch, Unit};
+use crate::unit::{KvMatch, OracleBackend, Unit};
 use crate::watchdog::Phase;
 
 #[derive(Debug, Clone, Default)]
@@ -153,11 +153,22 @@ impl Ctx<'_> {
         };
         let mut log = self.stem.as_os_str().to_owned();
         log.push(format!(".{leg}{suffix}.log"));
+        let mut env = vec![(
+            "PYTHONPATH".to_string(),
+            preflight::pythonpath(&c.project_root),
+        )];
+        // vLLM takes "the visible GPU": make that the leased one. (The engine names its GPU in
+        // --device cuda:N, which a narrowed CUDA_VISIBLE_DEVICES would renumber.)
+        if let (LegName::Oracle, OracleBackend::Vllm, LeaseTarget::Gpu(n)) =
+            (leg, c.unit.config.oracle.backend, &self.lease.target)
+        {
+            env.push(("CUDA_VISIBLE_DEVICES".into(), n.to_string()));
+        }
         LegSpec {
             leg,
             argv,
             cwd: c.project_root.clone(),
-            env: vec![("PYTHONPATH".into(), preflight::pythonpath(&c.project_root))],
+            env,
             log_path: PathBuf::from(log),
         }
     }
@@ -523,4 +534,49 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNIT: &str = r#"
+name = "t"
+model = "model"
+[battery]
+prompts = "prompts.json"
+[[golden]]
+file = "golden.json"
+[engine]
+device = "cuda:1"
+block_size = 16
+kv_cache_memory = 1000000
+[oracle]
+backend = "vllm"
+device = "cuda"
+dtype = "bfloat16"
+[oracle.options]
+enforce_eager = true
+seed = 0
+gpu_memory_utilization = 0.3
+attention_backend = "FLASH_ATTN"
+"#;
+
+    #[test]
+    fn argv_follow_the_legs_command_lines() {
+        let u = Unit::parse(Path::new("/u/unit.toml"), UNIT).unwrap();
+        let e = engine_argv(&u, Path::new("/r/engine"), None).join(" ");
+        assert_eq!(e, "/r/engine serve --model /u/model --device cuda:1 --block-size 16 --kv-cache-memory 1000000");
+        // A kv resize replaces the byte budget by a block count.
+        let e = engine_argv(&u, Path::new("/r/engine"), Some(40)).join(" ");
+        assert!(e.ends_with("--block-size 16 --num-blocks 40"), "{e}");
+        let o = oracle_argv(&u, "py", Some(99)).join(" ");
+        assert_eq!(
+            o,
+            "py -m oracle serve --backend vllm --model /u/model --device cuda --dtype bfloat16 \
+             --attention-backend FLASH_ATTN --enforce-eager --gpu-memory-utilization 0.3 \
+             --num-gpu-blocks-override 99 --seed 0"
+        );
+        assert_eq!(lease_target(&u), LeaseTarget::Gpu(1));
+    }
 }
