@@ -530,7 +530,7 @@ fn second_run_on_a_held_lease_fails_at_once_with_no_wait_and_waits_without() {
     let mut holder = Command::new(BIN)
         .args(["lease", "--lock-dir"])
         .arg(&locks)
-        .args(["--", "sleep", "3"])
+        .args(["--", "sleep", "5"])
         .spawn()
         .unwrap();
     let lock = locks.join("cpu.lock");
@@ -549,7 +549,7 @@ fn second_run_on_a_held_lease_fails_at_once_with_no_wait_and_waits_without() {
         err.contains(&format!("held by pid {}", holder.id())),
         "{err}"
     );
-    assert!(err.contains("orchestrator lease -- sleep 3"), "{err}");
+    assert!(err.contains("orchestrator lease -- sleep 5"), "{err}");
     assert!(
         f.record().is_none(),
         "nothing was measured, nothing recorded"
