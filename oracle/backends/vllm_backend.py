@@ -18,6 +18,7 @@ never a crash.
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import os
 import signal
@@ -35,10 +36,10 @@ _ENV_RECORDED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"
 
 def _name(v: Any) -> Any:
     """Enum -> its name, torch.dtype -> 'bfloat16', else unchanged (JSON-friendly)."""
+    if isinstance(v, enum.Enum):  # before int: CompilationMode is an IntEnum
+        return v.name
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
-    if hasattr(v, "name") and isinstance(v.name, str):
-        return v.name
     s = str(v)
     return s[6:] if s.startswith("torch.") else s
 
@@ -168,7 +169,7 @@ class VllmBackend(Backend):
 
         probe: dict = {}
         try:
-            res = self.llm.collective_rpc(_probe_worker)
+            res = self.llm.collective_rpc(_pickled_probe())
             probe = res[0] if res else {}
             for err in probe.get("errors", []):
                 self.degraded.append(f"introspection: worker {err}")
@@ -319,9 +320,10 @@ class VllmBackend(Backend):
             outs = engine.step()
             now = time.perf_counter()
             for o in outs:
-                if not getattr(o, "finished", False) or o.request_id not in inflight:
+                key = _match_request(o.request_id, inflight)
+                if not getattr(o, "finished", False) or key is None:
                     continue
-                i, t0, m0 = inflight.pop(o.request_id)
+                i, t0, m0 = inflight.pop(key)
                 comp = o.outputs[0]
                 ttft = None
                 metrics = getattr(o, "metrics", None)  # only when vLLM's stats logging is on
@@ -363,6 +365,30 @@ class VllmBackend(Backend):
                 if not kids:
                     break
                 time.sleep(0.1)
+
+
+def _pickled_probe() -> bytes:
+    """_probe_worker as cloudpickle bytes, by value: vLLM's run_method() unpickles bytes in the
+    worker, and bytes cross the multi-process engine's msgspec channel, where a plain function
+    is refused unless VLLM_ALLOW_INSECURE_SERIALIZATION=1 (seen on the GPU box)."""
+    import sys
+
+    import cloudpickle
+
+    mod = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(mod)  # the engine core need not import `oracle`
+    try:
+        return cloudpickle.dumps(_probe_worker)
+    finally:
+        cloudpickle.unregister_pickle_by_value(mod)
+
+
+def _match_request(external: str, inflight: dict) -> str | None:
+    """enqueue() returns vLLM's internal id ("<n>-<8 random chars>", input_processor.py
+    assign_request_id), while RequestOutput.request_id is the external "<n>"."""
+    if external in inflight:
+        return external
+    return next((k for k in inflight if k.startswith(external + "-")), None)
 
 
 def _is_zombie(pid: int) -> bool:
