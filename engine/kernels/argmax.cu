@@ -1,17 +1,19 @@
-// Greedy choice on the device: tokens[row] = argmax(logits[row]), the lowest index winning a
-// tie as torch.argmax does. With `advance`, positions[row] += 1, so that the next replay of a
-// decode graph feeds the chosen token at the next position with no host involvement.
-extern "C" __global__ void argmax(const float* __restrict__ logits, int vocab, int* __restrict__ tokens,
-                                  int* __restrict__ positions, int advance) {
+// Greedy choice on the device, second stage: the lm_head GEMV (MODE 5) leaves one candidate
+// (value, row) per block; tokens[b] = the best row, the lowest index winning a tie as
+// torch.argmax does.
+// With `advance`, positions[b] += 1 (the next graph replay feeds the token at the next
+// position). One block per b.
+extern "C" __global__ void argmax_final(const float2* __restrict__ parts, int nparts, int* __restrict__ tokens,
+                                        int* __restrict__ positions, int advance) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    const int row = blockIdx.x;
-    const float* lr = logits + (size_t)row * vocab;
+    const int b = blockIdx.x;
     float best = -INF_F;
     int idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = lr[i];
-        if (v > best) { best = v; idx = i; }  // strided ascending: the first max seen is the lowest
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) {
+        const float2 p = parts[(size_t)b * nparts + i];
+        const int pi = __float_as_int(p.y);
+        if (p.x > best || (p.x == best && pi < idx)) { best = p.x; idx = pi; }
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -30,8 +32,8 @@ extern "C" __global__ void argmax(const float* __restrict__ logits, int vocab, i
             if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
         }
         if (lane == 0) {
-            tokens[row] = idx == 0x7fffffff ? 0 : idx;
-            if (advance) positions[row] += 1;
+            tokens[b] = idx == 0x7fffffff ? 0 : idx;
+            if (advance) positions[b] += 1;
         }
     }
 }

@@ -1,12 +1,20 @@
-// Decode GEMV: y[b][r] = W[r] . x[b] for B rows of activations, bf16 weights streamed once with
-// 16-byte loads, f32 activations and accumulation. One warp per output row; the weights are read
-// exactly once per step whatever B is, which is what makes batch-N decode cheap.
+// Decode GEMV: y[b][r] = W[r] . x[b] for B rows of activations. bf16 weights are streamed
+// exactly once per step whatever B is, with 16-byte loads that bypass L1; activations and
+// accumulation are f32. A block is 8 warps; each output row is split over `ksplit` warps of the
+// block (contiguous slices of K), so that small matrices still put enough loads in flight, and
+// the slices are summed in a fixed order: a row's result does not depend on B.
 //
-// MODE 0: y = W x          (store)
-// MODE 1: y += W x         (residual add: o_proj and down_proj write into the residual stream)
-// MODE 2: y[j] = silu(W[j] x) * (W[rows + j] x)   (gate and up stacked in one matrix: SwiGLU)
+// MODE 0: y = W x                        (store)
+// MODE 1: y += W x                       (o_proj, down_proj: add into the residual stream)
+// MODE 2: y[j] = silu(W[j] x) * (W[rows + j] x)   (gate and up stacked: SwiGLU)
+// MODE 3: as 0, of RMSNorm(x) with gain `gamma` (the norm computed by every block)
+// MODE 4: as 2, of RMSNorm(x)
+// MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
+//         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head)
 //
-// Requires cols % 8 == 0 and 16-byte-aligned rows (checked on the host).
+// Requires cols % 8 == 0, 16-byte aligned rows, and (cols / 8) % ksplit == 0 (host-checked).
+
+#define GEMV_WARPS 8
 
 __device__ __forceinline__ void fma8(float& acc, uint4 w, float4 a, float4 b) {
     acc = fmaf(bf_lo(w.x), a.x, acc);
@@ -28,93 +36,175 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-template <int B, int NW>
-__device__ __forceinline__ void dot_rows(const bf16* __restrict__ const* wrows, const float* __restrict__ x,
-                                         int cols, int ldx, float (&acc)[NW][B]) {
-    const int lane = threadIdx.x & 31;
-    const int n8 = cols >> 3;
+// x chunk c (8 values) of activation row b, times the norm gain when there is one.
+template <bool NORM>
+__device__ __forceinline__ void x_chunk(const float* __restrict__ xb, const bf16* __restrict__ gamma, int c,
+                                        float4& a, float4& b) {
+    const float4* p = reinterpret_cast<const float4*>(xb) + 2 * c;
+    a = __ldg(p);
+    b = __ldg(p + 1);
+    if (NORM) {
+        const uint4 g = __ldg(reinterpret_cast<const uint4*>(gamma) + c);
+        a.x *= bf_lo(g.x); a.y *= bf_hi(g.x); a.z *= bf_lo(g.y); a.w *= bf_hi(g.y);
+        b.x *= bf_lo(g.z); b.y *= bf_hi(g.z); b.z *= bf_lo(g.w); b.w *= bf_hi(g.w);
+    }
+}
+
+template <int B, int MODE>
+__device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                                     int rows, int cols, int ldx, int ldy, int ksplit,
+                                     const bf16* __restrict__ gamma, float eps, float2* __restrict__ parts) {
+    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr int NW = (MODE == 2 || MODE == 4) ? 2 : 1;  // weight rows per output row
+    __shared__ float red[GEMV_WARPS][NW][B];
+    __shared__ float inv_s[B];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rpb = GEMV_WARPS / ksplit;
+    const int row = blockIdx.x * rpb + warp / ksplit;
+    const int kpart = warp % ksplit;
+    const bool valid = row < rows;
+
+    if (NORM) {
+        float ss[B];
+#pragma unroll
+        for (int b = 0; b < B; b++) ss[b] = 0.0f;
+        for (int k = threadIdx.x; k < cols; k += blockDim.x) {
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const float v = x[(size_t)b * ldx + k];
+                ss[b] = fmaf(v, v, ss[b]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < B; b++) ss[b] = warp_sum(ss[b]);
+        if (lane == 0) {
+#pragma unroll
+            for (int b = 0; b < B; b++) red[warp][0][b] = ss[b];
+        }
+        __syncthreads();
+        if (threadIdx.x < B) {
+            float t = 0.0f;
+            for (int w = 0; w < GEMV_WARPS; w++) t += red[w][0][threadIdx.x];
+            inv_s[threadIdx.x] = rsqrtf(t / (float)cols + eps);
+        }
+        __syncthreads();
+    }
+
+    float acc[NW][B];
 #pragma unroll
     for (int r = 0; r < NW; r++)
 #pragma unroll
         for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
-    const uint4* w[NW];
+    if (valid) {
+        const int per = (cols >> 3) / ksplit;
+        const int c0 = kpart * per, c1 = c0 + per;
+        const uint4* w[NW];
 #pragma unroll
-    for (int r = 0; r < NW; r++) w[r] = reinterpret_cast<const uint4*>(wrows[r]);
-    int i = lane;
-    // Four 16-byte loads per row in flight per lane before any arithmetic.
-    for (; i + 96 < n8; i += 128) {
-        uint4 wv[NW][4];
+        for (int r = 0; r < NW; r++) w[r] = reinterpret_cast<const uint4*>(W + (size_t)(row + r * rows) * cols);
+        int c = c0 + lane;
+        // Four 16-byte loads per weight row in flight per lane before any arithmetic.
+        for (; c + 96 < c1; c += 128) {
+            uint4 wv[NW][4];
 #pragma unroll
-        for (int r = 0; r < NW; r++)
+            for (int r = 0; r < NW; r++)
 #pragma unroll
-            for (int u = 0; u < 4; u++) wv[r][u] = load_stream(w[r] + i + 32 * u);
+                for (int u = 0; u < 4; u++) wv[r][u] = load_stream(w[r] + c + 32 * u);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 4; u++) {
 #pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float4* xb = reinterpret_cast<const float4*>(x + (size_t)b * ldx) + 2 * (i + 32 * u);
-                const float4 a = __ldg(xb), c = __ldg(xb + 1);
+                for (int b = 0; b < B; b++) {
+                    float4 xa, xb;
+                    x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
 #pragma unroll
-                for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r][u], a, c);
+                    for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r][u], xa, xb);
+                }
             }
         }
-    }
-    for (; i < n8; i += 32) {
-        uint4 wv[NW];
+        for (; c < c1; c += 32) {
+            uint4 wv[NW];
 #pragma unroll
-        for (int r = 0; r < NW; r++) wv[r] = load_stream(w[r] + i);
+            for (int r = 0; r < NW; r++) wv[r] = load_stream(w[r] + c);
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)b * ldx) + 2 * i;
-            const float4 a = __ldg(xb), c = __ldg(xb + 1);
+            for (int b = 0; b < B; b++) {
+                float4 xa, xb;
+                x_chunk<NORM>(x + (size_t)b * ldx, gamma, c, xa, xb);
 #pragma unroll
-            for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r], a, c);
+                for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r], xa, xb);
+            }
         }
     }
 #pragma unroll
     for (int r = 0; r < NW; r++)
 #pragma unroll
         for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-}
 
-template <int B, int MODE>
-__device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                     int rows, int cols, int ldx, int ldy) {
-    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    if (MODE == 2) {
-        const bf16* wr[2] = {W + (size_t)row * cols, W + (size_t)(rows + row) * cols};
-        float acc[2][B];
-        dot_rows<B, 2>(wr, x, cols, ldx, acc);
+    if (ksplit > 1) {
+        __syncthreads();  // `red` may still be read by the norm above
         if (lane == 0) {
 #pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float g = acc[0][b];
-                y[(size_t)b * ldy + row] = g / (1.0f + expf(-g)) * acc[1][b];
-            }
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int b = 0; b < B; b++) red[warp][r][b] = acc[r][b];
         }
-    } else {
-        const bf16* wr[1] = {W + (size_t)row * cols};
-        float acc[1][B];
-        dot_rows<B, 1>(wr, x, cols, ldx, acc);
-        if (lane == 0) {
+        __syncthreads();
+        if (kpart == 0 && lane == 0) {
 #pragma unroll
-            for (int b = 0; b < B; b++) {
-                if (MODE == 1) y[(size_t)b * ldy + row] += acc[0][b];
-                else y[(size_t)b * ldy + row] = acc[0][b];
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    float t = 0.0f;
+                    for (int k = 0; k < ksplit; k++) t += red[warp + k][r][b];
+                    acc[r][b] = t;
+                }
+        }
+    }
+
+    if (MODE == 5) {
+        __shared__ float best_v[GEMV_WARPS][B];
+        __syncthreads();
+        if (kpart == 0 && lane == 0) {
+#pragma unroll
+            for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? acc[0][b] : -INF_F;
+        }
+        __syncthreads();
+        if (threadIdx.x < B) {
+            const int b = threadIdx.x;
+            float v = -INF_F;
+            int idx = 0x7fffffff;
+            for (int r = 0; r < rpb; r++) {
+                const int rr = blockIdx.x * rpb + r;
+                if (rr < rows && (best_v[r][b] > v || idx == 0x7fffffff)) { v = best_v[r][b]; idx = rr; }
+            }
+            parts[(size_t)b * gridDim.x + blockIdx.x] = make_float2(v, __int_as_float(idx));
+        }
+        return;
+    }
+    if (valid && kpart == 0 && lane == 0) {
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const float inv = NORM ? inv_s[b] : 1.0f;
+            float* out = y + (size_t)b * ldy + row;
+            if (NW == 2) {
+                const float g = acc[0][b] * inv, u = acc[NW - 1][b] * inv;
+                *out = g / (1.0f + expf(-g)) * u;
+            } else if (MODE == 1) {
+                *out += acc[0][b];
+            } else {
+                *out = acc[0][b] * inv;
             }
         }
     }
 }
 
 #define GEMV_KERNEL(B, MODE)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_b##B(                        \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m##MODE##_b##B(            \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
-        int cols, int ldx, int ldy) {                                                              \
-        gemv<B, MODE>(W, x, y, rows, cols, ldx, ldy);                                              \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
+        float2* __restrict__ parts) {                                                              \
+        gemv<B, MODE>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps, parts);                   \
     }
-#define GEMV_MODES(B) GEMV_KERNEL(B, 0) GEMV_KERNEL(B, 1) GEMV_KERNEL(B, 2)
+#define GEMV_MODES(B) GEMV_KERNEL(B, 0) GEMV_KERNEL(B, 1) GEMV_KERNEL(B, 2) GEMV_KERNEL(B, 3) \
+    GEMV_KERNEL(B, 4) GEMV_KERNEL(B, 5)
 GEMV_MODES(1)
 GEMV_MODES(2)
 GEMV_MODES(3)

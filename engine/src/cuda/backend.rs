@@ -43,7 +43,7 @@ struct Funcs {
     attn_partial: CudaFunction,
     attn_combine: CudaFunction,
     swiglu: CudaFunction,
-    argmax: CudaFunction,
+    argmax_final: CudaFunction,
     /// gemv[mode][batch - 1]
     gemv: Vec<Vec<CudaFunction>>,
 }
@@ -59,7 +59,7 @@ struct DecodeBufs {
     qkv: DevBuf,
     attn: DevBuf,
     act: DevBuf,
-    logits: DevBuf,
+    parts: DevBuf,
     part_o: DevBuf,
     part_ml: DevBuf,
 }
@@ -79,9 +79,9 @@ struct PrefillBufs {
     act_bf16: DevBuf,
     part_o: DevBuf,
     part_ml: DevBuf,
-    /// The last row, normalised, its logits and its token.
+    /// The last row, normalised, its argmax candidates and its token.
     last_xn: DevBuf,
-    logits: DevBuf,
+    parts: DevBuf,
     token: DevBuf,
 }
 
@@ -103,6 +103,7 @@ pub struct CudaBackend {
     kernels: kernels::Provenance,
     degraded: Vec<String>,
     use_graphs: bool,
+    profiler: Option<Profiler>,
     // Field order is drop order: graphs and buffers go before the module, stream and context.
     graphs: Vec<Option<CudaGraph>>,
     rows: Vec<RowState>,
@@ -239,8 +240,16 @@ impl CudaBackend {
         dec.row_table.write(0, &identity)?;
 
         let mut degraded = Vec::new();
-        let use_graphs = std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_none();
-        if !use_graphs {
+        let profiler = if std::env::var_os("ENGINE_PROFILE").is_some() {
+            degraded.push(
+                "profiling: an event after every kernel, graphs off (ENGINE_PROFILE is set)".into(),
+            );
+            Some(Profiler::new(&ctx)?)
+        } else {
+            None
+        };
+        let use_graphs = std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_none() && profiler.is_none();
+        if std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_some() {
             degraded.push("cuda_graphs: off (ENGINE_NO_CUDA_GRAPHS is set)".into());
         }
         let mut backend = Self {
@@ -255,6 +264,7 @@ impl CudaBackend {
             kernels: provenance,
             degraded,
             use_graphs,
+            profiler,
             graphs: (0..max_batch).map(|_| None).collect(),
             rows: Vec::new(),
             dec,
@@ -301,12 +311,25 @@ impl CudaBackend {
     fn rmsnorm(&self, x: u64, w: &DevBuf, rows: usize, out_f32: u64, out_bf16: u64) -> Result<()> {
         let c = &self.cfg;
         launch!(&self.f.rmsnorm, &self.stream, (rows as u32, 1, 1), 256, 0;
-            x, w.ptr, c.rms_norm_eps, c.hidden_size as i32, out_f32, out_bf16)
+            x, w.ptr, c.rms_norm_eps, c.hidden_size as i32, out_f32, out_bf16)?;
+        self.mark("rmsnorm", 0)
     }
 
+    /// With ENGINE_PROFILE: an event after the kernel just launched, timed after the step.
+    fn mark(&self, name: &'static str, bytes: usize) -> Result<()> {
+        match &self.profiler {
+            Some(p) => p.mark(name, bytes, &self.stream),
+            None => Ok(()),
+        }
+    }
+
+    /// A decode GEMV (gemv.cu) over `rows` outputs of `cols` inputs for `batch` sequences;
+    /// `gamma` is the RMSNorm gain for the modes that normalise their input, `parts` the
+    /// argmax candidates of mode 5.
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
+        name: &'static str,
         mode: usize,
         batch: usize,
         w: u64,
@@ -314,11 +337,48 @@ impl CudaBackend {
         y: u64,
         rows: usize,
         cols: usize,
+        gamma: u64,
+        parts: u64,
     ) -> Result<()> {
-        let (ldx, ldy) = (cols as i32, rows as i32);
+        let ksplit = plan::gemv_ksplit(rows, cols);
         launch!(&self.f.gemv[mode][batch - 1], &self.stream,
-            (plan::gemv_blocks(rows), 1, 1), GEMV_THREADS, 0;
-            w, x, y, rows as i32, cols as i32, ldx, ldy)
+            (plan::gemv_blocks(rows, ksplit), 1, 1), GEMV_THREADS, 0;
+            w, x, y, rows as i32, cols as i32, cols as i32, rows as i32, ksplit as i32, gamma,
+            self.cfg.rms_norm_eps, parts)?;
+        let weight_rows = if mode == 2 || mode == 4 {
+            2 * rows
+        } else {
+            rows
+        };
+        self.mark(name, weight_rows * cols * BF16)
+    }
+
+    /// The lm_head over the normalised rows `xn` (mode 5) and the final argmax into `tokens`,
+    /// advancing `positions` when given.
+    fn lm_head_argmax(
+        &self,
+        batch: usize,
+        xn: u64,
+        parts: u64,
+        tokens: u64,
+        positions: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        self.gemv(
+            "gemv_lm_head",
+            5,
+            batch,
+            self.lm_head_ptr(),
+            xn,
+            0,
+            c.vocab_size,
+            c.hidden_size,
+            0,
+            parts,
+        )?;
+        launch!(&self.f.argmax_final, &self.stream, (batch as u32, 1, 1), 1024, 0;
+            parts, plan::lm_head_blocks(c) as i32, tokens, positions, (positions != 0) as i32)?;
+        self.mark("argmax_final", 0)
     }
 
     /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv`.
@@ -340,7 +400,8 @@ impl CudaBackend {
             qkv, opt(&l.qkv_bias), opt(&l.q_norm), opt(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, positions, row_table, tables, max_blocks as i32,
             self.k_cache[layer].ptr, self.v_cache[layer].ptr, c.num_heads as i32,
-            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)
+            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
+        self.mark("rope_kv", 0)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -368,10 +429,12 @@ impl CudaBackend {
             positions, row_table, tables, max_blocks as i32, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, scale,
             part_o, part_ml)?;
+        self.mark("attn_partial", 0)?;
         launch!(&self.f.attn_combine, &self.stream, (rows as u32, c.num_heads as u32, 1),
             c.head_dim.min(256) as u32, 0;
             part_o, part_ml, positions, splits as i32, c.num_heads as i32, c.head_dim as i32,
-            out_f32, out_bf16)
+            out_f32, out_bf16)?;
+        self.mark("attn_combine", 0)
     }
 
     fn lm_head_ptr(&self) -> u64 {
@@ -387,16 +450,21 @@ impl CudaBackend {
         let splits = plan::MAX_SPLITS;
         launch!(&self.f.embed, &self.stream, (batch as u32, 1, 1), 256, 0;
             self.embed.ptr, d.tokens.ptr, d.x.ptr, h as i32)?;
+        self.mark("embed", 0)?;
         for (li, l) in self.layers.iter().enumerate() {
-            self.rmsnorm(d.x.ptr, &l.input_norm, batch, d.xn.ptr, 0)?;
+            // RMSNorm is folded into the GEMVs that read the residual stream (modes 3 and 4).
+            let qkv = self.qkv_width();
             self.gemv(
-                0,
+                "gemv_qkv",
+                3,
                 batch,
                 l.qkv.ptr,
-                d.xn.ptr,
+                d.x.ptr,
                 d.qkv.ptr,
-                self.qkv_width(),
+                qkv,
                 h,
+                l.input_norm.ptr,
+                0,
             )?;
             self.rope_kv(
                 li,
@@ -421,23 +489,35 @@ impl CudaBackend {
                 d.attn.ptr,
                 0,
             )?;
-            self.gemv(1, batch, l.o.ptr, d.attn.ptr, d.x.ptr, h, q)?;
-            self.rmsnorm(d.x.ptr, &l.post_norm, batch, d.xn.ptr, 0)?;
-            self.gemv(2, batch, l.gate_up.ptr, d.xn.ptr, d.act.ptr, i, h)?;
-            self.gemv(1, batch, l.down.ptr, d.act.ptr, d.x.ptr, h, i)?;
+            self.gemv("gemv_o", 1, batch, l.o.ptr, d.attn.ptr, d.x.ptr, h, q, 0, 0)?;
+            self.gemv(
+                "gemv_gate_up",
+                4,
+                batch,
+                l.gate_up.ptr,
+                d.x.ptr,
+                d.act.ptr,
+                i,
+                h,
+                l.post_norm.ptr,
+                0,
+            )?;
+            self.gemv(
+                "gemv_down",
+                1,
+                batch,
+                l.down.ptr,
+                d.act.ptr,
+                d.x.ptr,
+                h,
+                i,
+                0,
+                0,
+            )?;
         }
+        // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
-        self.gemv(
-            0,
-            batch,
-            self.lm_head_ptr(),
-            d.xn.ptr,
-            d.logits.ptr,
-            c.vocab_size,
-            h,
-        )?;
-        launch!(&self.f.argmax, &self.stream, (batch as u32, 1, 1), 1024, 0;
-            d.logits.ptr, c.vocab_size as i32, d.tokens.ptr, d.positions.ptr, 1i32)
+        self.lm_head_argmax(batch, d.xn.ptr, d.parts.ptr, d.tokens.ptr, d.positions.ptr)
     }
 
     fn capture(&mut self, batch: usize) -> Result<()> {
@@ -521,7 +601,7 @@ impl Funcs {
     fn load(module: &Arc<CudaModule>) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
         let mut gemv = Vec::new();
-        for mode in 0..3 {
+        for mode in 0..6 {
             gemv.push(
                 (1..=plan::MAX_GEMV_BATCH)
                     .map(|b| k(&format!("gemv_m{mode}_b{b}")))
@@ -535,7 +615,7 @@ impl Funcs {
             attn_partial: k("attn_partial")?,
             attn_combine: k("attn_combine")?,
             swiglu: k("swiglu")?,
-            argmax: k("argmax")?,
+            argmax_final: k("argmax_final")?,
             gemv,
         })
     }
@@ -554,7 +634,7 @@ impl DecodeBufs {
             qkv: b(layout.qkv)?,
             attn: b(layout.attn)?,
             act: b(layout.act)?,
-            logits: b(layout.logits)?,
+            parts: b(layout.parts)?,
             part_o: b(layout.part_o)?,
             part_ml: b(layout.part_ml)?,
             layout,
@@ -580,7 +660,7 @@ impl PrefillBufs {
             part_o: f(layout.part_o)?,
             part_ml: f(layout.part_ml)?,
             last_xn: f(cfg.hidden_size)?,
-            logits: f(cfg.vocab_size)?,
+            parts: f(2 * plan::lm_head_blocks(cfg))?,
             token: f(1)?,
             layout,
         })
@@ -757,17 +837,7 @@ impl Backend for CudaBackend {
             start += n;
             if start == tokens.len() {
                 self.rmsnorm(pf.x.at((n - 1) * h, F32), &self.norm, 1, pf.last_xn.ptr, 0)?;
-                self.gemv(
-                    0,
-                    1,
-                    self.lm_head_ptr(),
-                    pf.last_xn.ptr,
-                    pf.logits.ptr,
-                    c.vocab_size,
-                    h,
-                )?;
-                launch!(&self.f.argmax, &self.stream, (1, 1, 1), 1024, 0;
-                    pf.logits.ptr, c.vocab_size as i32, pf.token.ptr, 0u64, 0i32)?;
+                self.lm_head_argmax(1, pf.last_xn.ptr, pf.parts.ptr, pf.token.ptr, 0)?;
             }
         }
         let mut out = [0i32; 1];
@@ -807,12 +877,16 @@ impl Backend for CudaBackend {
             self.dec.positions.write(0, &pos)?;
             self.dec.tables.write(0, &self.host_tables[..batch * mb])?;
         }
+        self.mark("start", 0)?;
         match &self.graphs[batch - 1] {
             Some(g) => g.launch().map_err(driver_err("graph launch"))?,
             None => self.step_kernels(batch)?,
         }
         let mut toks = vec![0i32; batch];
         self.dec.tokens.read(&mut toks, &self.stream)?;
+        if let Some(p) = &self.profiler {
+            p.end_step()?;
+        }
         self.rows = wanted
             .into_iter()
             .zip(&toks)
@@ -851,6 +925,93 @@ impl Backend for CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.sync();
+        if let Some(p) = &self.profiler {
+            eprintln!("{}", p.report());
+        }
+    }
+}
+
+/// ENGINE_PROFILE=1: an event after every decode kernel (graphs off), the time between
+/// consecutive events summed per kernel role, and achieved bandwidth for the GEMVs.
+struct Profiler {
+    events: Vec<cudarc::driver::CudaEvent>,
+    marks: std::cell::RefCell<Vec<(&'static str, usize)>>,
+    totals: std::cell::RefCell<std::collections::BTreeMap<&'static str, (usize, f64, usize)>>,
+    steps: std::cell::Cell<usize>,
+}
+
+impl Profiler {
+    const EVENTS: usize = 1024;
+
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let events = (0..Self::EVENTS)
+            .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(driver_err("event create"))?;
+        Ok(Self {
+            events,
+            marks: Default::default(),
+            totals: Default::default(),
+            steps: Default::default(),
+        })
+    }
+
+    fn mark(&self, name: &'static str, bytes: usize, stream: &CudaStream) -> Result<()> {
+        let mut marks = self.marks.borrow_mut();
+        if name == "start" {
+            marks.clear();
+        }
+        if marks.len() < Self::EVENTS {
+            self.events[marks.len()]
+                .record(stream)
+                .map_err(driver_err("event record"))?;
+            marks.push((name, bytes));
+        }
+        Ok(())
+    }
+
+    /// After the step's synchronising read: fold its intervals into the totals.
+    fn end_step(&self) -> Result<()> {
+        let marks = self.marks.borrow();
+        let mut totals = self.totals.borrow_mut();
+        for i in 1..marks.len() {
+            let ms = self.events[i - 1]
+                .elapsed_ms(&self.events[i])
+                .map_err(driver_err("event time"))? as f64;
+            let e = totals.entry(marks[i].0).or_default();
+            e.0 += 1;
+            e.1 += ms;
+            e.2 += marks[i].1;
+        }
+        self.steps.set(self.steps.get() + 1);
+        Ok(())
+    }
+
+    fn report(&self) -> String {
+        let steps = self.steps.get().max(1);
+        let totals = self.totals.borrow();
+        let all: f64 = totals.values().map(|t| t.1).sum();
+        let mut out = format!(
+            "kernel profile over {steps} decode steps: {:.3} ms per step\n{:<16} {:>8} {:>12} {:>10} {:>7} {:>9}\n",
+            all / steps as f64,
+            "kernel", "calls", "ms/step", "us/call", "share", "GB/s"
+        );
+        for (name, (calls, ms, bytes)) in totals.iter() {
+            let gbs = if *bytes > 0 {
+                *bytes as f64 / (ms / 1e3) / 1e9
+            } else {
+                0.0
+            };
+            out += &format!(
+                "{name:<16} {:>8} {:>12.4} {:>10.2} {:>6.1}% {:>9.0}\n",
+                calls / steps,
+                ms / steps as f64,
+                ms * 1e3 / *calls as f64,
+                100.0 * ms / all,
+                gbs
+            );
+        }
+        out
     }
 }
 

@@ -6,17 +6,17 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::PoolShape;
 
-/// Threads per block of the GEMV kernels (one warp per output row).
+/// Threads per block of the GEMV kernels (`GEMV_WARPS` x 32 in gemv.cu).
 pub const GEMV_THREADS: u32 = 256;
-/// Threads per block of the attention kernel (`ATT_THREADS` in attention.cu).
-pub const ATT_THREADS: u32 = 128;
-/// Positions per shared-memory tile of the attention kernel (`ATT_TILE`).
-pub const ATT_TILE: usize = 64;
-/// Most query heads per KV head the attention kernel holds (`ATT_MAXG`).
-pub const ATT_MAXG: usize = 16;
-/// Largest head dimension the attention kernel handles (2 per thread x `ATT_THREADS`, and
-/// `ATT_MAXJ` x 32 lanes).
-pub const MAX_HEAD_DIM: usize = 256;
+const GEMV_WARPS: usize = GEMV_THREADS as usize / 32;
+/// Warps in flight the GEMV grid aims for: 132 multiprocessors x 64 warps on an H200.
+const GEMV_TARGET_WARPS: usize = 8192;
+/// Threads per block of the attention kernel: one warp.
+pub const ATT_THREADS: u32 = 32;
+/// Most query heads per KV head the attention kernel holds (`ATT_MAXG` in attention.cu).
+pub const ATT_MAXG: usize = 8;
+/// Largest head dimension the attention kernel handles (`ATT_MAXT` x 32 lanes).
+pub const MAX_HEAD_DIM: usize = 128;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
 /// split per 32 positions of its context, up to this many, whatever the batch (attention.cu).
 pub const MAX_SPLITS: usize = 32;
@@ -29,9 +29,10 @@ pub const PREFILL_CHUNK: usize = 1024;
 pub fn check_model(cfg: &ModelConfig) -> Result<()> {
     let fail = |message: String| Err(Error::Load { message });
     let group = cfg.num_heads / cfg.num_kv_heads;
-    if cfg.head_dim > MAX_HEAD_DIM {
+    if cfg.head_dim > MAX_HEAD_DIM || cfg.head_dim % 8 != 0 {
         return fail(format!(
-            "head_dim {} exceeds the CUDA attention kernel's {MAX_HEAD_DIM}",
+            "head_dim {} is not a multiple of 8 up to {MAX_HEAD_DIM}, which the CUDA attention \
+             kernel needs",
             cfg.head_dim
         ));
     }
@@ -70,15 +71,37 @@ pub fn weight_bytes(cfg: &ModelConfig) -> usize {
         .sum()
 }
 
-/// Dynamic shared memory of one attention block: the group's queries and a tile of scores.
+/// Dynamic shared memory of one attention block: the group's queries in f32.
 pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
     let g = cfg.num_heads / cfg.num_kv_heads;
-    ((g * cfg.head_dim + g * ATT_TILE) * 4) as u32
+    (g * cfg.head_dim * 4) as u32
 }
 
-/// Blocks of a GEMV over `rows` output rows (one warp each).
-pub fn gemv_blocks(rows: usize) -> u32 {
-    (rows as u32).div_ceil(GEMV_THREADS / 32)
+/// Warps that share one output row of a GEMV, each summing a contiguous slice of K: a power of
+/// two chosen from the matrix's shape alone (so a row's sum does not depend on the batch), large
+/// enough that the grid has about [`GEMV_TARGET_WARPS`] warps, while every lane still gets a
+/// 16-byte chunk of its slice.
+pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
+    let chunks = cols / 8;
+    let mut k = 1;
+    while k < GEMV_WARPS
+        && rows * k < GEMV_TARGET_WARPS
+        && chunks % (2 * k) == 0
+        && chunks / (2 * k) >= 32
+    {
+        k *= 2;
+    }
+    k
+}
+
+/// Blocks of a GEMV over `rows` output rows, `ksplit` warps per row.
+pub fn gemv_blocks(rows: usize, ksplit: usize) -> u32 {
+    rows.div_ceil(GEMV_WARPS / ksplit) as u32
+}
+
+/// Blocks of the lm_head GEMV, each leaving one argmax candidate per sequence.
+pub fn lm_head_blocks(cfg: &ModelConfig) -> usize {
+    gemv_blocks(cfg.vocab_size, gemv_ksplit(cfg.vocab_size, cfg.hidden_size)) as usize
 }
 
 /// Elements of every decode buffer, for `max_batch` sequences.
@@ -91,7 +114,8 @@ pub struct DecodeLayout {
     pub qkv: usize,
     pub attn: usize,
     pub act: usize,
-    pub logits: usize,
+    /// Argmax candidates of the lm_head GEMV: (value, row) per block per sequence, as f32 pairs.
+    pub parts: usize,
     pub part_o: usize,
     pub part_ml: usize,
     pub tables: usize,
@@ -108,7 +132,7 @@ impl DecodeLayout {
             qkv: max_batch * qkv_width,
             attn: max_batch * cfg.q_dim(),
             act: max_batch * cfg.intermediate_size,
-            logits: max_batch * cfg.vocab_size,
+            parts: max_batch * lm_head_blocks(cfg) * 2,
             part_o: max_batch * cfg.num_heads * MAX_SPLITS * cfg.head_dim,
             part_ml: max_batch * cfg.num_heads * MAX_SPLITS * 2,
             tables: max_batch * max_blocks,
@@ -121,7 +145,7 @@ impl DecodeLayout {
             + self.qkv
             + self.attn
             + self.act
-            + self.logits
+            + self.parts
             + self.part_o
             + self.part_ml
             + self.tables
@@ -225,9 +249,21 @@ mod tests {
     #[test]
     fn geometry() {
         let c = llama_1b();
-        assert_eq!(gemv_blocks(2048), 256);
-        assert_eq!(gemv_blocks(2049), 257);
-        assert_eq!(attention_smem_bytes(&c), ((4 * 64 + 4 * 64) * 4) as u32);
+        assert_eq!(gemv_blocks(2048, 1), 256);
+        assert_eq!(gemv_blocks(2049, 1), 257);
+        assert_eq!(gemv_blocks(2048, 4), 1024);
+        // Llama-3.2-1B: qkv, o, gate/up pairs, down, lm_head.
+        assert_eq!(gemv_ksplit(3072, 2048), 4);
+        assert_eq!(gemv_ksplit(2048, 2048), 4);
+        assert_eq!(gemv_ksplit(8192, 2048), 1);
+        assert_eq!(gemv_ksplit(2048, 8192), 4);
+        assert_eq!(gemv_ksplit(128256, 2048), 1);
+        // Tiny rows: every lane keeps at least one chunk.
+        assert_eq!(gemv_ksplit(64, 64), 1);
+        assert_eq!(gemv_ksplit(64, 512), 2);
+        assert_eq!(gemv_ksplit(64, 1024), 4);
+        assert_eq!(lm_head_blocks(&c), 16032);
+        assert_eq!(attention_smem_bytes(&c), (4 * 64 * 4) as u32);
         let pool = resolve_pool(&c, 16, PoolSize::Blocks(100), 2).unwrap();
         let d = DecodeLayout::new(&c, &pool, 8);
         assert_eq!(d.max_blocks, 8192);

@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
 use serde_json::{json, Value};
 
-pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3"];
+pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3", "tiny-trained"];
 
 /// The repository root: `ENGINE_REPO_ROOT` when a test binary runs away from where it was built
 /// (the GPU box), else the source tree it was built from.
