@@ -2,6 +2,8 @@
 //! prompts on one leased machine, gates the result, and writes a record and a ratio table.
 //! docs/UNIT.md, docs/GATES.md and docs/RECORD.md describe its inputs and outputs.
 
+pub mod archive;
+pub mod compare;
 pub mod gates;
 pub mod lease;
 pub mod leg;
@@ -11,6 +13,7 @@ pub mod protocol;
 pub mod record;
 pub mod run;
 pub mod sampler;
+pub mod stats;
 pub mod table;
 pub mod timing;
 pub mod unit;
