@@ -39,16 +39,28 @@ impl Default for Thresholds {
     }
 }
 
+/// 0.03 -> "3%", 0.015 -> "1.5%": thresholds as a reader states them.
+fn pct(x: f64) -> String {
+    let s = format!("{:.2}", x * 100.0);
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s}%")
+}
+
+/// A signed change: 1.1 -> "+10.0%".
+fn change_pct(r: f64) -> String {
+    format!("{:+.1}%", (r - 1.0) * 100.0)
+}
+
 impl fmt::Display for Thresholds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "FASTER or SLOWER needs a change of the median of at least {}% and a Mann-Whitney p below {}; SAME needs the whole {}% bootstrap interval ({} resamples, fixed seed) within {}% of no change; anything else is AMBIGUOUS.",
-            fmt_num(self.min_effect * 100.0),
+            "Thresholds: FASTER or SLOWER needs the median to move by at least {} with a Mann-Whitney p below {}; SAME needs the whole {} bootstrap interval of head/base ({} resamples, fixed seed) within {} of no change; anything else is AMBIGUOUS.",
+            pct(self.min_effect),
             self.alpha,
-            fmt_num(self.level * 100.0),
+            pct(self.level),
             stats::BOOTSTRAP_RESAMPLES,
-            fmt_num(self.min_effect * 100.0)
+            pct(self.min_effect)
         )
     }
 }
@@ -419,7 +431,6 @@ fn judge(
 ) -> Row {
     let est = stats::ratio_of_medians(base, head, t.level);
     let mw = stats::mann_whitney(head, base);
-    let pct = |x: f64| format!("{}%", fmt_num(x * 100.0));
     let (verdict, why) = if let Some(u) = ungated {
         (
             Verdict::Ungated,
@@ -446,7 +457,7 @@ fn judge(
                         v,
                         format!(
                             "The median moved by {} (at least {}) and p = {} is below {}.",
-                            pct(r - 1.0),
+                            change_pct(r),
                             pct(t.min_effect),
                             fmt_num(mw.p),
                             t.alpha
@@ -467,7 +478,7 @@ fn judge(
                         Verdict::Ambiguous,
                         format!(
                             "The median moved by {} but p = {} is not below {}: more samples (a larger battery or more repeats) would decide it.",
-                            pct(r - 1.0),
+                            change_pct(r),
                             fmt_num(mw.p),
                             t.alpha
                         ),
@@ -477,7 +488,7 @@ fn judge(
                         Verdict::Ambiguous,
                         format!(
                             "The median moved by {}, less than {}, but the interval [{}, {}] reaches beyond it, so a change of that size is not ruled out.",
-                            pct(r - 1.0),
+                            change_pct(r),
                             pct(t.min_effect),
                             fmt_num(lo),
                             fmt_num(hi)

@@ -3,6 +3,7 @@
 //! docs/UNIT.md, docs/GATES.md and docs/RECORD.md describe its inputs and outputs.
 
 pub mod archive;
+pub mod chart;
 pub mod compare;
 pub mod gates;
 pub mod lease;
@@ -11,6 +12,7 @@ pub mod preflight;
 pub mod progress;
 pub mod protocol;
 pub mod record;
+pub mod report;
 pub mod run;
 pub mod sampler;
 pub mod stats;
