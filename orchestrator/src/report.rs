@@ -122,7 +122,7 @@ fn no_speed_number(rec: &RecordView) -> String {
     let mut who = vec![];
     for a in rec.axes.iter().filter(|a| a.is_speed()) {
         for g in rec.refusals_for(a, false) {
-            let w = format!("{}: {}", g.who(), esc(&g.sentence));
+            let w = g.who();
             if !who.contains(&w) {
                 who.push(w);
             }
@@ -131,7 +131,7 @@ fn no_speed_number(rec: &RecordView) -> String {
     let rule = if who.is_empty() {
         "no speed axis has figures from both legs, so there is no ratio to gate.".to_string()
     } else {
-        who.join(" ")
+        format!("{}, whose refusal is quoted below in full.", and_list(&who))
     };
     format!("**No speed number, by the unit's own rule.** The rule that refused: {rule}\n")
 }
