@@ -31,6 +31,12 @@ fn label(r: f64) -> String {
     format!("{}x", crate::table::fmt_num(r))
 }
 
+/// A gridline's label: "0.2x", "1x", "500x".
+fn tick(r: f64) -> String {
+    let s = format!("{r:.4}");
+    format!("{}x", s.trim_end_matches('0').trim_end_matches('.'))
+}
+
 /// The chart, or None when no series has a positive ratio to draw.
 pub fn ratio_history(title: &str, trees: &[String], series: &[Series]) -> Option<String> {
     let logs: Vec<f64> = series
@@ -69,23 +75,28 @@ pub fn ratio_history(title: &str, trees: &[String], series: &[Series]) -> Option
     s.push_str(&format!(
         "<rect x=\"{LEFT:.1}\" y=\"{TOP:.1}\" width=\"{pw:.1}\" height=\"{ph:.1}\" fill=\"none\" stroke=\"#999\"/>\n"
     ));
-    // Gridlines at each power of ten in range, labelled; parity dashed.
-    let mut k = lo.ceil() as i32;
+    // Gridlines at 1, 2 and 5 times each power of ten in range, labelled; parity dashed.
+    let mut k = lo.floor() as i32;
     while f64::from(k) <= hi {
-        let r = 10f64.powi(k);
-        let yy = y(r);
-        let dash = if k == 0 {
-            " stroke-dasharray=\"4 3\""
-        } else {
-            ""
-        };
-        s.push_str(&format!(
-            "<line x1=\"{LEFT:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#ccc\"{dash}/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            LEFT + pw,
-            LEFT - 6.0,
-            yy + 4.0,
-            label(r)
-        ));
+        for m in [1.0, 2.0, 5.0] {
+            let r = m * 10f64.powi(k);
+            if r.log10() < lo || r.log10() > hi {
+                continue;
+            }
+            let yy = y(r);
+            let dash = if r == 1.0 {
+                " stroke-dasharray=\"4 3\""
+            } else {
+                ""
+            };
+            s.push_str(&format!(
+                "<line x1=\"{LEFT:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#ccc\"{dash}/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+                LEFT + pw,
+                LEFT - 6.0,
+                yy + 4.0,
+                tick(r)
+            ));
+        }
         k += 1;
     }
     for (i, t) in trees.iter().enumerate() {
