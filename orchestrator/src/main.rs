@@ -182,18 +182,18 @@ fn main() -> ExitCode {
                 alpha,
                 ..Thresholds::default()
             };
-            let loaded = orchestrator::archive::load_dir(&records);
+            let (base, head) = (Spec::parse(&base), Spec::parse(&head));
+            // Two record files need no records directory.
+            let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
+                Ok((vec![], vec![]))
+            } else {
+                orchestrator::archive::load_dir(&records)
+            };
             let result = loaded.and_then(|(recs, rejected)| {
                 for r in &rejected {
                     eprintln!("orchestrator compare: {r}");
                 }
-                compare::compare(
-                    &Spec::parse(&base),
-                    &Spec::parse(&head),
-                    &recs,
-                    &t,
-                    allow_different_hosts,
-                )
+                compare::compare(&base, &head, &recs, &t, allow_different_hosts)
             });
             match result {
                 Ok(c) => {

@@ -128,10 +128,26 @@ fn no_speed_number(rec: &RecordView) -> String {
             }
         }
     }
+    if who.is_empty() {
+        // No speed axis to hang a refusal on (a leg failed before measuring any): every
+        // refused gate is part of the rule.
+        who = rec
+            .gates
+            .iter()
+            .filter(|g| g.refused())
+            .map(|g| g.who())
+            .collect();
+        who.dedup();
+    }
     let rule = if who.is_empty() {
         "no speed axis has figures from both legs, so there is no ratio to gate.".to_string()
     } else {
-        format!("{}, whose refusal is quoted below in full.", and_list(&who))
+        let whose = if who.len() == 1 {
+            "whose refusal is"
+        } else {
+            "whose refusals are"
+        };
+        format!("{}, {whose} quoted below in full.", and_list(&who))
     };
     format!("**No speed number, by the unit's own rule.** The rule that refused: {rule}\n")
 }
