@@ -780,6 +780,42 @@ mod tests {
         );
     }
 
+    fn stored(unit: &str, tree: &str, created: &str) -> Stored {
+        let text = format!(
+            r#"{{"schema": 1, "created_utc": "{created}", "unit": {{"name": "{unit}"}}, "project": {{"tree": "{tree}"}}, "axes": []}}"#
+        );
+        Stored {
+            path: PathBuf::from(format!("{unit}/{created}.json")),
+            name: format!("{unit}/{created}.json"),
+            rec: archive::parse(&text).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_tree_prefix_names_one_tree_and_latest_previous_are_per_unit() {
+        let rs = vec![
+            stored("u", "ab01", "1"),
+            stored("u", "ab02", "2"),
+            stored("u", "ab02", "3"),
+            stored("v", "ab01", "4"),
+        ];
+        let e = resolve(&Spec::Tree("ab".into()), &rs).unwrap_err();
+        assert!(e.contains("names 2 trees (ab01, ab02)"), "{e}");
+        let m = resolve(&Spec::Tree("ab01".into()), &rs).unwrap();
+        assert_eq!(m.len(), 2, "both units ran tree ab01");
+        let m = resolve(&Spec::Latest, &rs).unwrap();
+        assert_eq!(m["u"].rec.created_utc, "3");
+        let m = resolve(&Spec::Previous, &rs).unwrap();
+        assert_eq!(m["u"].rec.project.tree, "ab01");
+        assert!(
+            !m.contains_key("v"),
+            "v ran one tree only: it has no previous"
+        );
+        assert!(resolve(&Spec::Tree("ff".into()), &rs)
+            .unwrap_err()
+            .contains("names no record"));
+    }
+
     #[test]
     fn configuration_differences_name_the_key_and_skip_the_watchdog() {
         let mut a: RecordView = archive::parse(

@@ -293,3 +293,19 @@ fn an_unreadable_record_is_named_and_the_others_still_compared() {
     );
     assert_eq!(v["units"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn previous_is_the_tree_before_the_latest_even_after_a_rerun() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.engine_scale = 1.10);
+    // The head tree run again: `previous` must still be the base tree, not this rerun's twin.
+    let mut again = Synth::new("u", HEAD_TREE, "2026-11-03T00:00:00Z");
+    again.noise = 0.01;
+    again.engine_scale = 1.10;
+    again.seed = 3;
+    again.write(d.path());
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(v["units"][0]["base"]["tree"], BASE_TREE);
+    assert_eq!(v["units"][0]["head"]["created_utc"], "2026-11-03T00:00:00Z");
+}
