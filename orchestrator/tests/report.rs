@@ -3,8 +3,8 @@
 //! files there that are not readable records must be named without stopping the report.
 //!
 //! After an intended change to the report, regenerate the expected files with
-//! `UPDATE_EXPECTED=1 cargo test -p orchestrator --test report` and read the diff before
-//! committing it. The records themselves come from `write_fixture_records` (ignored).
+//! `UPDATE_EXPECTED=1 cargo test -p orchestrator --test report -- --test-threads=1` and read the diff before
+//! committing it; the records themselves are rewritten the same way (`write_fixture_records`).
 
 mod synth;
 
@@ -126,13 +126,42 @@ fn the_report_says_what_refused_and_where() {
     assert!(h.contains("](charts/tiny-llama.svg)"), "{h}");
 }
 
-/// Writes tests/fixtures/report/records. Run by hand (`--ignored`) only when the fixture set
-/// itself must change; the expected files then need regenerating too.
+/// The fixture records must be exactly what tests/synth writes for them, so a change to the
+/// synthetic record shape cannot leave stale fixtures behind. `UPDATE_EXPECTED=1` rewrites them.
 #[test]
-#[ignore]
-fn write_fixture_records() {
-    let root = fixtures().join("records");
-    let _ = std::fs::remove_dir_all(&root);
+fn fixture_records_are_what_synth_writes() {
+    if std::env::var("UPDATE_EXPECTED").is_ok_and(|v| v == "1") {
+        let root = fixtures().join("records");
+        let _ = std::fs::remove_dir_all(&root);
+        write_fixture_records(&root);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    write_fixture_records(tmp.path());
+    let list = |root: &Path| {
+        let mut v = vec![];
+        for u in std::fs::read_dir(root).unwrap().flatten() {
+            for f in std::fs::read_dir(u.path()).unwrap().flatten() {
+                let p = f.path();
+                v.push((
+                    p.strip_prefix(root).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                ));
+            }
+        }
+        v.sort();
+        v
+    };
+    let (want, got) = (list(tmp.path()), list(&fixtures().join("records")));
+    assert_eq!(
+        want.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        got.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        assert!(w == g, "{} differs from what synth writes", name.display());
+    }
+}
+
+fn write_fixture_records(root: &Path) {
     let small = |unit: &str, tree: &str, created: &str| {
         let mut s = Synth::new(unit, tree, created);
         s.prompts = 3;
@@ -144,7 +173,7 @@ fn write_fixture_records() {
         "aaaaaaaa00000000000000000000000000000001",
         "2026-11-01T10:00:00Z",
     )
-    .write(&root);
+    .write(root);
     let mut b = small(
         "tiny-llama",
         "bbbbbbbb00000000000000000000000000000002",
@@ -152,27 +181,27 @@ fn write_fixture_records() {
     );
     b.token_refused = true;
     b.engine_scale = 1.3;
-    b.write(&root);
+    b.write(root);
     let mut c = small(
         "tiny-llama",
         "cccccccc00000000000000000000000000000003",
         "2026-11-03T10:00:00Z",
     );
     c.engine_scale = 0.8;
-    c.write(&root);
+    c.write(root);
     // The same tree again, later: the history keeps only this, its latest record.
     let mut c2 = c.clone();
     c2.created = "2026-11-04T10:00:00Z".into();
     c2.kv_refused = true;
     c2.seed = 7;
-    c2.write(&root);
+    c2.write(root);
     let mut n = small(
         "nemotron-h",
         "dddddddd00000000000000000000000000000004",
         "2026-11-04T12:00:00Z",
     );
     n.token_refused = true;
-    n.write(&root);
+    n.write(root);
     std::fs::write(
         root.join("tiny-llama/20261105T000000Z-broken.json"),
         "{\"schema\": 1, \"unit\": ",
