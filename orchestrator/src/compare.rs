@@ -234,6 +234,8 @@ impl Side {
 #[derive(Debug, Clone, Serialize)]
 pub struct UnitComparison {
     pub unit: String,
+    /// Where the head ran: GPU, driver, oracle (the base's too, unless they differ).
+    pub host: String,
     pub base: Side,
     pub head: Side,
     /// What differs between the records' hosts, oracles or unit configurations.
@@ -542,6 +544,12 @@ pub fn compare_unit(
     let diffs = differences(b, h);
     let mut out = UnitComparison {
         unit: b.unit.name.clone(),
+        host: format!(
+            "GPU {}, driver {}, oracle {}",
+            h.device_name(),
+            h.driver(),
+            h.oracle_label()
+        ),
         base: Side::of(base),
         head: Side::of(head),
         differences: diffs.clone(),
@@ -687,12 +695,13 @@ fn exit_sentence(c: &Comparison) -> String {
 fn heading(u: &UnitComparison) -> String {
     let short = |s: &str| s[..s.len().min(8)].to_string();
     format!(
-        "{}: base tree {} ({}) vs head tree {} ({})",
+        "{}: base tree {} ({}) vs head tree {} ({}); {}",
         u.unit,
         short(&u.base.tree),
         u.base.record,
         short(&u.head.tree),
-        u.head.record
+        u.head.record,
+        u.host
     )
 }
 

@@ -128,6 +128,18 @@ mod tests {
     }
 
     #[test]
+    fn the_smallest_p_per_sample_count_is_what_docs_report_md_states() {
+        let p = |n: usize| {
+            let a: Vec<f64> = (0..n).map(|i| i as f64).collect();
+            let b: Vec<f64> = (0..n).map(|i| (i + n) as f64).collect();
+            mann_whitney(&a, &b).unwrap().p
+        };
+        assert!((p(2) - 0.245).abs() < 1e-3, "{}", p(2));
+        assert!((p(3) - 0.081).abs() < 1e-3, "{}", p(3));
+        assert!((p(4) - 0.030).abs() < 1e-3, "{}", p(4));
+    }
+
+    #[test]
     fn ties_shrink_the_variance_and_all_ties_give_p_one() {
         // a = 1,1,2 and b = 2,3,3: ranks 1.5,1.5,3.5 | 3.5,5.5,5.5; U = 6.5 - 6 = 0.5;
         // ties: three groups of 2 -> sum(t^3 - t) = 18; var = 9/12 * (7 - 18/30) = 4.8.

@@ -3,8 +3,9 @@
 //! files there that are not readable records must be named without stopping the report.
 //!
 //! After an intended change to the report, regenerate the expected files with
-//! `UPDATE_EXPECTED=1 cargo test -p orchestrator --test report -- --test-threads=1` and read the diff before
-//! committing it; the records themselves are rewritten the same way (`write_fixture_records`).
+//! `UPDATE_EXPECTED=1 cargo test -p orchestrator --test report -- --test-threads=1`
+//! and read the diff before committing it; the records themselves are rewritten the same way
+//! (`write_fixture_records`).
 
 mod synth;
 
