@@ -613,9 +613,15 @@ pub fn compare(
     let head = resolve(head_spec, records).map_err(|e| format!("HEAD: {e}"))?;
     let mut units = vec![];
     let mut unpaired = vec![];
+    // A record file names one unit on purpose: the other side's other units are not news.
+    let (base_one, head_one) = (
+        matches!(base_spec, Spec::Path(_)),
+        matches!(head_spec, Spec::Path(_)),
+    );
     for (u, b) in &base {
         match head.get(u) {
             Some(h) => units.push(compare_unit(b, h, t, allow_different_hosts)),
+            None if head_one => {}
             None => unpaired.push(format!(
                 "Unit {u} has a record in BASE ({}) and none in HEAD, so it is not compared.",
                 b.name
@@ -623,7 +629,7 @@ pub fn compare(
         }
     }
     for (u, h) in &head {
-        if !base.contains_key(u) {
+        if !base_one && !base.contains_key(u) {
             unpaired.push(format!(
                 "Unit {u} has a record in HEAD ({}) and none in BASE, so it is not compared.",
                 h.name

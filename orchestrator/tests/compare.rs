@@ -309,3 +309,17 @@ fn previous_is_the_tree_before_the_latest_even_after_a_rerun() {
     assert_eq!(v["units"][0]["base"]["tree"], BASE_TREE);
     assert_eq!(v["units"][0]["head"]["created_utc"], "2026-11-03T00:00:00Z");
 }
+
+#[test]
+fn a_unit_only_one_side_has_is_named_and_not_compared() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |_| {});
+    Synth::new("w", HEAD_TREE, "2026-11-02T00:00:00Z").write(d.path());
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(v["units"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        v["unpaired"][0],
+        "Unit w has a record in HEAD (w/20261102T000000Z-bbbbbbbb.json) and none in BASE, so it is not compared."
+    );
+}
