@@ -2,6 +2,9 @@
 //! prompts on one leased machine, gates the result, and writes a record and a ratio table.
 //! docs/UNIT.md, docs/GATES.md and docs/RECORD.md describe its inputs and outputs.
 
+pub mod archive;
+pub mod chart;
+pub mod compare;
 pub mod gates;
 pub mod lease;
 pub mod leg;
@@ -9,8 +12,10 @@ pub mod preflight;
 pub mod progress;
 pub mod protocol;
 pub mod record;
+pub mod report;
 pub mod run;
 pub mod sampler;
+pub mod stats;
 pub mod table;
 pub mod timing;
 pub mod unit;

@@ -2,8 +2,10 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use orchestrator::compare::{self, Spec, Thresholds};
 use orchestrator::lease::{self, LeaseTarget, NoIdleCheck};
 use orchestrator::preflight;
+use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
@@ -43,6 +45,39 @@ enum Cmd {
         #[arg(long)]
         python: Option<String>,
     },
+    /// Writes BENCHMARKS.md (and charts/<unit>.svg beside it) from the records alone.
+    /// Exit 0: written from every record; 1: written, but some files were not records it can
+    /// read (each named); 2: nothing written.
+    Report {
+        /// Default <project root>/reports/records.
+        #[arg(long)]
+        records_dir: Option<PathBuf>,
+        /// Default <project root>/reports/BENCHMARKS.md.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Did HEAD make us slower than BASE? Each of BASE and HEAD is a record file, a tree-hash
+    /// prefix (its latest record per unit), `latest` or `previous` (per unit, the latest record
+    /// of the tree before the latest one's). Exit 0: nothing gated regressed; 1: something
+    /// gated is SLOWER; 2: error, or records that are not like-for-like (docs/REPORT.md).
+    Compare {
+        base: String,
+        head: String,
+        /// Default <project root>/reports/records.
+        #[arg(long)]
+        records_dir: Option<PathBuf>,
+        /// Smallest change of a median, in percent, called FASTER or SLOWER.
+        #[arg(long, default_value_t = 3.0)]
+        min_effect_pct: f64,
+        /// Mann-Whitney p-value below which a change is significant.
+        #[arg(long, default_value_t = 0.05)]
+        alpha: f64,
+        /// Compare records from different GPUs, drivers, oracle versions or unit configurations.
+        #[arg(long)]
+        allow_different_hosts: bool,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
     /// Runs CMD under the same lease as `run`; its exit status is passed through.
     Lease {
         /// GPU index to lease (default: GPU 0 if the machine has one, else the "cpu" lease).
@@ -55,6 +90,22 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Table,
+    Json,
+    Markdown,
+}
+
+/// reports/<leaf> under the project root holding the working directory (else under it).
+fn reports_path(leaf: &str) -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    orchestrator::record::project_root(&cwd)
+        .unwrap_or(cwd)
+        .join("reports")
+        .join(leaf)
 }
 
 fn code(c: i32) -> ExitCode {
@@ -95,6 +146,71 @@ fn main() -> ExitCode {
                     report.failures.len()
                 );
                 code(run::EXIT_ERROR)
+            }
+        }
+        Cmd::Report { records_dir, out } => {
+            let records = records_dir.unwrap_or_else(|| reports_path("records"));
+            let out = out.unwrap_or_else(|| reports_path("BENCHMARKS.md"));
+            match report::report(&records, &out) {
+                Ok(o) => {
+                    for p in &o.written {
+                        println!("wrote {}", p.display());
+                    }
+                    for r in &o.rejected {
+                        eprintln!("orchestrator report: {r}");
+                    }
+                    code(if o.rejected.is_empty() { 0 } else { 1 })
+                }
+                Err(e) => {
+                    eprintln!("orchestrator report: {e}");
+                    code(2)
+                }
+            }
+        }
+        Cmd::Compare {
+            base,
+            head,
+            records_dir,
+            min_effect_pct,
+            alpha,
+            allow_different_hosts,
+            format,
+        } => {
+            let records = records_dir.unwrap_or_else(|| reports_path("records"));
+            let t = Thresholds {
+                min_effect: min_effect_pct / 100.0,
+                alpha,
+                ..Thresholds::default()
+            };
+            let (base, head) = (Spec::parse(&base), Spec::parse(&head));
+            // Two record files need no records directory.
+            let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
+                Ok((vec![], vec![]))
+            } else {
+                orchestrator::archive::load_dir(&records)
+            };
+            let result = loaded.and_then(|(recs, rejected)| {
+                for r in &rejected {
+                    eprintln!("orchestrator compare: {r}");
+                }
+                compare::compare(&base, &head, &recs, &t, allow_different_hosts)
+            });
+            match result {
+                Ok(c) => {
+                    match format {
+                        Format::Table => print!("{}", compare::render_terminal(&c)),
+                        Format::Markdown => print!("{}", compare::render_markdown(&c)),
+                        Format::Json => println!(
+                            "{}",
+                            serde_json::to_string_pretty(&c).expect("a comparison serializes")
+                        ),
+                    }
+                    code(c.exit_status)
+                }
+                Err(e) => {
+                    eprintln!("orchestrator compare: {e}");
+                    code(compare::EXIT_ERROR)
+                }
             }
         }
         Cmd::Lease {

@@ -1,0 +1,374 @@
+//! `orchestrator report`: BENCHMARKS.md from the records alone. Per unit the latest run's table
+//! with its provenance and every refusal directly under it, then the ratio history across trees
+//! and, from three trees on, a chart. The output depends only on the records: no generation
+//! time, iteration in sorted order, so the same records give the same bytes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::archive::{self, AxisView, RecordView, Rejected, Stored};
+use crate::chart;
+use crate::table::fmt_num;
+
+/// The Markdown, and each chart as (file name under the charts directory, SVG).
+pub struct Rendered {
+    pub markdown: String,
+    pub charts: Vec<(String, String)>,
+}
+
+/// The charts directory, relative to BENCHMARKS.md.
+pub const CHARTS_DIR: &str = "charts";
+
+fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
+    match x {
+        Some(x) => format!(
+            "{} {unit}{}",
+            fmt_num(x),
+            if refused { " (refused)" } else { "" }
+        ),
+        None => "-".into(),
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// "per output token, warm (median, n=15)" -> "per output token, warm": the history's column
+/// must not split when a later run has a different sample count.
+fn axis_key(name: &str) -> &str {
+    match name.find(" (") {
+        Some(i) => &name[..i],
+        None => name,
+    }
+}
+
+fn and_list(v: &[String]) -> String {
+    match v.len() {
+        0 => String::new(),
+        1 => v[0].clone(),
+        n => format!("{} and {}", v[..n - 1].join(", "), v[n - 1]),
+    }
+}
+
+fn latest_table(rec: &RecordView) -> String {
+    let mut s = String::from("| axis | ours | oracle | ratio (ours/oracle) | in words |\n| --- | --- | --- | --- | --- |\n");
+    for a in &rec.axes {
+        let mut words = a.words.clone();
+        if let Some(n) = &a.note {
+            words = format!("{words}; {n}");
+        }
+        if !rec.gated(a, false) && a.ratio.is_some() {
+            words = format!("{words} (not gated)");
+        }
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            esc(&a.axis),
+            esc(&cell(a.ours, &a.unit, a.ours_refused)),
+            esc(&cell(a.oracle, &a.unit, a.oracle_refused)),
+            a.ratio
+                .map(|r| format!("{}x", fmt_num(r)))
+                .unwrap_or_else(|| "-".into()),
+            esc(&words)
+        ));
+    }
+    s
+}
+
+/// Each refusal as a sentence, led by a sentence naming the rows it concerns.
+fn refusals(rec: &RecordView) -> Vec<String> {
+    let refused: Vec<_> = rec.gates.iter().filter(|g| g.refused()).collect();
+    if refused.is_empty() {
+        // A record whose gates list is missing still carries its refusal sentences.
+        return rec
+            .refusals
+            .iter()
+            .map(|r| format!("Concerns every number above. {}", esc(r)))
+            .collect();
+    }
+    refused
+        .iter()
+        .map(|g| {
+            let rows: Vec<String> = rec
+                .axes
+                .iter()
+                .filter(|a| {
+                    rec.refusals_for(a, false)
+                        .iter()
+                        .any(|x| std::ptr::eq(*x, *g))
+                })
+                .map(|a| a.axis.clone())
+                .collect();
+            let lead = if rows.len() == rec.axes.len() && !rows.is_empty() {
+                "Concerns every number above.".to_string()
+            } else if rows.is_empty() {
+                "Concerns no number above, only the check it names.".to_string()
+            } else {
+                format!("Concerns the rows {}.", and_list(&rows))
+            };
+            format!("{lead} {}", esc(&g.sentence))
+        })
+        .collect()
+}
+
+fn gated_speed(rec: &RecordView) -> bool {
+    rec.axes
+        .iter()
+        .any(|a| a.is_speed() && a.ratio.is_some() && rec.gated(a, false))
+}
+
+/// The sentence saying which rule refused every speed number.
+fn no_speed_number(rec: &RecordView) -> String {
+    let mut who = vec![];
+    for a in rec.axes.iter().filter(|a| a.is_speed()) {
+        for g in rec.refusals_for(a, false) {
+            let w = g.who();
+            if !who.contains(&w) {
+                who.push(w);
+            }
+        }
+    }
+    if who.is_empty() {
+        // No speed axis to hang a refusal on (a leg failed before measuring any): every
+        // refused gate is part of the rule.
+        who = rec
+            .gates
+            .iter()
+            .filter(|g| g.refused())
+            .map(|g| g.who())
+            .collect();
+        who.dedup();
+    }
+    let rule = if who.is_empty() {
+        "no speed axis has figures from both legs, so there is no ratio to gate.".to_string()
+    } else {
+        let whose = if who.len() == 1 {
+            "whose refusal is"
+        } else {
+            "whose refusals are"
+        };
+        format!("{}, {whose} quoted below in full.", and_list(&who))
+    };
+    format!("**No speed number, by the unit's own rule.** The rule that refused: {rule}\n")
+}
+
+/// Per tree, the latest record of that tree, ordered by when that record was written.
+fn per_tree<'a>(records: &[&'a Stored]) -> Vec<&'a Stored> {
+    let mut m: BTreeMap<&str, &Stored> = BTreeMap::new();
+    for r in records {
+        // `records` is oldest first, so the last insert per tree is its latest record.
+        m.insert(r.rec.project.tree.as_str(), r);
+    }
+    let mut v: Vec<&Stored> = m.into_values().collect();
+    v.sort_by(|a, b| (&a.rec.created_utc, &a.name).cmp(&(&b.rec.created_utc, &b.name)));
+    v
+}
+
+fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a AxisView, f64, bool)> {
+    let a = rec.axes.iter().find(|a| axis_key(&a.axis) == key)?;
+    Some((a, a.ratio?, rec.gated(a, false)))
+}
+
+fn history(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>) {
+    let trees = per_tree(records);
+    let mut keys: Vec<String> = vec![];
+    for t in &trees {
+        for a in &t.rec.axes {
+            let k = axis_key(&a.axis).to_string();
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    let mut s = String::from(
+        "Ratio ours/oracle per tree, oldest first (each tree's latest record). \"gated\" means no gate refused the point; otherwise the gates that did are named.\n\n",
+    );
+    s.push_str(&format!(
+        "| tree | commit | written | {} |\n|{}\n",
+        keys.iter().map(|k| esc(k)).collect::<Vec<_>>().join(" | "),
+        " --- |".repeat(keys.len() + 3)
+    ));
+    for t in &trees {
+        let r = &t.rec;
+        let cells: Vec<String> = keys
+            .iter()
+            .map(|k| match point(r, k) {
+                None => "-".into(),
+                Some((_, ratio, true)) => format!("{}x gated", fmt_num(ratio)),
+                Some((a, ratio, false)) => {
+                    let mut gates: Vec<String> = r
+                        .refusals_for(a, false)
+                        .iter()
+                        .map(|g| g.gate.clone())
+                        .collect();
+                    gates.dedup();
+                    if gates.is_empty() {
+                        format!("{}x refused", fmt_num(ratio))
+                    } else {
+                        format!("{}x refused by {}", fmt_num(ratio), gates.join(", "))
+                    }
+                }
+            })
+            .collect();
+        s.push_str(&format!(
+            "| `{}`{} | `{}` | {} | {} |\n",
+            r.tree8(),
+            if r.project.dirty { " (dirty)" } else { "" },
+            r.commit8(),
+            esc(&r.created_utc),
+            cells.join(" | ")
+        ));
+    }
+    let mut chart = None;
+    if trees.len() >= 3 {
+        let names: Vec<String> = trees.iter().map(|t| t.rec.tree8().to_string()).collect();
+        let series: Vec<chart::Series> = keys
+            .iter()
+            .filter(|k| {
+                trees
+                    .iter()
+                    .any(|t| point(&t.rec, k).is_some_and(|(a, _, _)| a.is_speed()))
+            })
+            .map(|k| chart::Series {
+                name: k.clone(),
+                points: trees
+                    .iter()
+                    .map(|t| point(&t.rec, k).map(|(_, r, g)| (r, g)))
+                    .collect(),
+            })
+            .collect();
+        if let Some(svg) =
+            chart::ratio_history(&format!("{unit}: ratio ours/oracle"), &names, &series)
+        {
+            let file = format!("{unit}.svg");
+            s.push_str(&format!(
+                "\n![{unit}: ratio history of the speed axes, hollow points refused]({CHARTS_DIR}/{file})\n"
+            ));
+            chart = Some((file, svg));
+        }
+    }
+    (s, chart)
+}
+
+fn unit_section(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>) {
+    let latest = records.last().expect("a unit has at least one record");
+    let r = &latest.rec;
+    let gpu = r.device_name();
+    let mut s = format!("## {unit}\n\n");
+    s.push_str(&format!(
+        "Latest run: record `{}`, written {}, tree `{}`{}, commit `{}`. Oracle: {}. GPU: {}, driver {}. Host: {}.\n\n",
+        latest.name,
+        if r.created_utc.is_empty() { "at an unrecorded time" } else { &r.created_utc },
+        r.project.tree,
+        if r.project.dirty { " (dirty: the tree does not describe the binary)" } else { "" },
+        r.project.commit,
+        r.oracle_label(),
+        gpu,
+        r.driver(),
+        if r.host.hostname.is_empty() { "unrecorded" } else { &r.host.hostname },
+    ));
+    s.push_str(&latest_table(r));
+    s.push('\n');
+    if !gated_speed(r) {
+        s.push_str(&no_speed_number(r));
+        s.push('\n');
+    }
+    let refs = refusals(r);
+    if refs.is_empty() {
+        s.push_str("Every gate passed: every number above is gated.\n");
+    } else {
+        s.push_str(&format!(
+            "Refusals ({}), each travelling with the numbers above:\n\n",
+            refs.len()
+        ));
+        for x in &refs {
+            s.push_str(&format!("- {x}\n"));
+        }
+    }
+    s.push_str("\n### History\n\n");
+    let (h, chart) = history(unit, records);
+    s.push_str(&h);
+    s.push('\n');
+    (s, chart)
+}
+
+/// BENCHMARKS.md and its charts from `records` (as `archive::load_dir` orders them).
+pub fn render(records: &[Stored], rejected: &[Rejected]) -> Rendered {
+    let groups = archive::by_unit(records);
+    let mut md = String::from(
+        "# Benchmarks\n\nGenerated by `orchestrator report` from the run records alone; do not edit it by hand, run the report again. Every number stands beside the verdicts of the gates that judged it, in the same run: a refusal is printed directly under the table it concerns, never netted out. `orchestrator compare` says whether a tree made us slower (docs/REPORT.md).\n\n",
+    );
+    if groups.is_empty() {
+        md.push_str("No record was read, so there is no number to report.\n");
+    } else {
+        md.push_str(&format!(
+            "Units: {}.\n\n",
+            groups.keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut charts = vec![];
+    for (unit, rs) in &groups {
+        let (s, c) = unit_section(unit, rs);
+        md.push_str(&s);
+        charts.extend(c);
+    }
+    if !rejected.is_empty() {
+        md.push_str("## Records not read\n\n");
+        for r in rejected {
+            md.push_str(&format!("- `{}` was not read: {}\n", r.name, esc(&r.why)));
+        }
+    }
+    Rendered {
+        markdown: md,
+        charts,
+    }
+}
+
+/// What `report` did, for the CLI to print.
+pub struct Outcome {
+    pub written: Vec<PathBuf>,
+    pub rejected: Vec<Rejected>,
+}
+
+/// Reads `records_dir`, writes `out` and its charts beside it (`charts/<unit>.svg`).
+pub fn report(records_dir: &Path, out: &Path) -> Result<Outcome, String> {
+    let (records, rejected) = archive::load_dir(records_dir)?;
+    let r = render(&records, &rejected);
+    let dir = out.parent().unwrap_or(Path::new("."));
+    let write = |p: &Path, bytes: &str| {
+        std::fs::write(p, bytes).map_err(|e| format!("cannot write {} ({e})", p.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {} ({e})", dir.display()))?;
+    let mut written = vec![];
+    if !r.charts.is_empty() {
+        let cd = dir.join(CHARTS_DIR);
+        std::fs::create_dir_all(&cd)
+            .map_err(|e| format!("cannot create {} ({e})", cd.display()))?;
+        for (name, svg) in &r.charts {
+            let p = cd.join(name);
+            write(&p, svg)?;
+            written.push(p);
+        }
+    }
+    write(out, &r.markdown)?;
+    written.insert(0, out.to_path_buf());
+    Ok(Outcome { written, rejected })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_keys_drop_the_sample_count() {
+        assert_eq!(
+            axis_key("per output token, warm (median, n=15)"),
+            "per output token, warm"
+        );
+        assert_eq!(axis_key("KV pool"), "KV pool");
+        assert_eq!(
+            and_list(&["a".into(), "b".into(), "c".into()]),
+            "a, b and c"
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! `orchestrator compare` on synthetic records with known shifts: every verdict and exit code
+//! is asserted. Each test writes its records into its own temporary directory.
+
+mod synth;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+use synth::Synth;
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+
+fn compare(dir: &Path, base: &str, head: &str, extra: &[&str]) -> (Output, Value) {
+    let out = Command::new(BIN)
+        .args(["compare", base, head, "--records-dir"])
+        .arg(dir)
+        .args(["--format", "json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out, v)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// (axis, measure) -> verdict, for the only unit compared.
+fn verdicts(v: &Value) -> Vec<(String, String, String)> {
+    v["units"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["axis"].as_str().unwrap().to_string(),
+                r["measure"].as_str().unwrap().to_string(),
+                r["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn all(v: &Value, measure: Option<&str>) -> Vec<String> {
+    verdicts(v)
+        .into_iter()
+        .filter(|(_, m, _)| measure.is_none_or(|x| x == m))
+        .map(|(_, _, v)| v)
+        .collect()
+}
+
+const BASE_TREE: &str = "aaaaaaaa11111111";
+const HEAD_TREE: &str = "bbbbbbbb22222222";
+
+fn pair(dir: &Path, head: impl FnOnce(&mut Synth)) {
+    let mut b = Synth::new("u", BASE_TREE, "2026-11-01T00:00:00Z");
+    b.noise = 0.01;
+    b.write(dir);
+    let mut h = Synth::new("u", HEAD_TREE, "2026-11-02T00:00:00Z");
+    h.noise = 0.01;
+    head(&mut h);
+    h.write(dir);
+}
+
+#[test]
+fn no_shift_is_same_everywhere_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    // The same seed plants the same samples: the head is the base, byte for byte in its figures.
+    pair(d.path(), |_| {});
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let vs = all(&v, None);
+    assert_eq!(vs.len(), 8, "four axes, ours and ours/oracle each: {vs:?}");
+    assert!(vs.iter().all(|x| x == "SAME"), "{vs:?}");
+    assert_eq!(v["exit_status"], 0);
+}
+
+#[test]
+fn one_percent_noise_is_same_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.seed = 2);
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let vs = all(&v, None);
+    assert!(vs.iter().all(|x| x == "SAME"), "{vs:?}\n{}", text(&o));
+}
+
+#[test]
+fn ten_percent_slower_is_slower_in_ours_and_in_the_ratio_and_exits_1() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.seed = 2;
+        h.engine_scale = 1.10;
+    });
+    let (o, v) = compare(d.path(), BASE_TREE, "bbbbbbbb", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let vs = verdicts(&v);
+    assert!(
+        vs.iter().all(|(_, _, x)| x == "SLOWER"),
+        "every axis moved 10% the wrong way: {vs:?}"
+    );
+    let r = &v["units"][0]["rows"][0];
+    let change = r["change"].as_f64().unwrap();
+    assert!((change - 1.10).abs() < 0.02, "{r}");
+    let [lo, hi] = [
+        r["interval"][0].as_f64().unwrap(),
+        r["interval"][1].as_f64().unwrap(),
+    ];
+    assert!(lo < change && change < hi && lo > 1.03, "{r}");
+    assert!(r["p"].as_f64().unwrap() < 0.05, "{r}");
+}
+
+#[test]
+fn ten_percent_faster_is_faster_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.engine_scale = 0.90);
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(all(&v, None).iter().all(|x| x == "FASTER"), "{v}");
+}
+
+#[test]
+fn a_refused_axis_is_shown_but_never_called_slower() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.engine_scale = 1.10;
+        h.token_refused = true;
+    });
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "nothing gated regressed: {}",
+        text(&o)
+    );
+    let rows = v["units"][0]["rows"].as_array().unwrap();
+    for r in rows {
+        assert_eq!(r["verdict"], "UNGATED", "{r}");
+        let why = r["why"].as_str().unwrap();
+        assert!(
+            why.contains("the token gate (engine leg) refused") && why.ends_with('.'),
+            "{why}"
+        );
+        // The figures, 10% worse, are still there to read.
+        assert!((r["change"].as_f64().unwrap() - 1.0).abs() > 0.05, "{r}");
+    }
+}
+
+#[test]
+fn a_kv_refusal_leaves_the_speed_axes_gated() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.engine_scale = 1.10;
+        h.kv_refused = true;
+    });
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(all(&v, Some("ours")).iter().all(|x| x == "SLOWER"), "{v}");
+}
+
+#[test]
+fn a_different_gpu_is_refused_naming_it_unless_allowed() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.seed = 2;
+        h.gpu = "NVIDIA A100-SXM4-80GB".into();
+        // The other machine is twice as slow for both legs: the ratio does not move.
+        h.machine_scale = 2.0;
+    });
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let refused = v["units"][0]["refused"].as_str().unwrap();
+    assert!(
+        refused.contains("GPU (base NVIDIA H200, head NVIDIA A100-SXM4-80GB)")
+            && refused.contains("--allow-different-hosts"),
+        "{refused}"
+    );
+    assert!(v["units"][0]["rows"].as_array().unwrap().is_empty());
+
+    let (o, v) = compare(d.path(), "previous", "latest", &["--allow-different-hosts"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(all(&v, Some("ours")).iter().all(|x| x == "SLOWER"), "{v}");
+    assert!(
+        all(&v, Some("ours/oracle")).iter().all(|x| x == "SAME"),
+        "the ratio survives the change of machine: {v}"
+    );
+    assert!(v["units"][0]["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("--allow-different-hosts was given"));
+}
+
+#[test]
+fn a_different_oracle_version_or_unit_configuration_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.vllm = "0.27.0".into();
+        h.repeat = 5;
+    });
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let refused = v["units"][0]["refused"].as_str().unwrap();
+    assert!(
+        refused.contains("oracle version of vllm (base 0.26.0, head 0.27.0)")
+            && refused.contains("unit configuration key battery.repeat (base 4, head 5)"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn thresholds_are_printed_and_configurable() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| {
+        h.seed = 2;
+        h.engine_scale = 1.10;
+    });
+    // With a 20% minimum effect a 10% change is no longer SLOWER.
+    let (o, v) = compare(d.path(), "previous", "latest", &["--min-effect-pct", "20"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(v["thresholds"]["min_effect"], 0.2);
+    assert!(!all(&v, None).iter().any(|x| x == "SLOWER"), "{v}");
+    let out = Command::new(BIN)
+        .args(["compare", "previous", "latest", "--records-dir"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("at least 3% with a Mann-Whitney p below 0.05") && s.contains("SLOWER"),
+        "{s}"
+    );
+    assert!(s.contains("Exit 1: a gated figure is SLOWER."), "{s}");
+    let md = Command::new(BIN)
+        .args([
+            "compare",
+            "previous",
+            "latest",
+            "--format",
+            "markdown",
+            "--records-dir",
+        ])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&md.stdout);
+    assert!(
+        md.contains("| per output token | ours |") && md.contains("| SLOWER |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn record_paths_and_tree_prefixes_resolve_and_bad_specs_exit_2() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.engine_scale = 1.10);
+    let base = std::fs::read_dir(d.path().join("u"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("aaaaaaaa"))
+        .unwrap();
+    let (o, v) = compare(d.path(), base.to_str().unwrap(), "bbbb", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(v["units"][0]["base"]["tree"], BASE_TREE);
+    assert_eq!(v["units"][0]["head"]["tree"], HEAD_TREE);
+    let (o, _) = compare(d.path(), "cccc", "latest", &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("BASE: tree cccc names no record"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn an_unreadable_record_is_named_and_the_others_still_compared() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.seed = 2);
+    std::fs::write(d.path().join("u/broken.json"), "{\"schema\": 1,").unwrap();
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("u/broken.json was not read: it is not valid JSON"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(v["units"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn previous_is_the_tree_before_the_latest_even_after_a_rerun() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |h| h.engine_scale = 1.10);
+    // The head tree run again: `previous` must still be the base tree, not this rerun's twin.
+    let mut again = Synth::new("u", HEAD_TREE, "2026-11-03T00:00:00Z");
+    again.noise = 0.01;
+    again.engine_scale = 1.10;
+    again.seed = 3;
+    again.write(d.path());
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(v["units"][0]["base"]["tree"], BASE_TREE);
+    assert_eq!(v["units"][0]["head"]["created_utc"], "2026-11-03T00:00:00Z");
+}
+
+#[test]
+fn a_unit_only_one_side_has_is_named_and_not_compared() {
+    let d = tempfile::tempdir().unwrap();
+    pair(d.path(), |_| {});
+    Synth::new("w", HEAD_TREE, "2026-11-02T00:00:00Z").write(d.path());
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(v["units"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        v["unpaired"][0],
+        "Unit w has a record in HEAD (w/20261102T000000Z-bbbbbbbb.json) and none in BASE, so it is not compared."
+    );
+}
