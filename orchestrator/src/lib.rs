@@ -12,6 +12,7 @@ pub mod record;
 pub mod run;
 pub mod sampler;
 pub mod table;
+pub mod timeline;
 pub mod timing;
 pub mod unit;
 pub mod watchdog;

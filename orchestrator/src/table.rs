@@ -196,6 +196,34 @@ pub fn axes(
         k.note = Some("could NOT be matched".into());
     }
     v.push(k);
+    // GPU axes from the sampler summaries: absent (no GPU) is "not measured", never zero.
+    let gsum = |l: &LegRecord| l.sampler.summary.clone();
+    let gpu_mem = |l: &LegRecord| {
+        gsum(l)
+            .and_then(|s| s.peak_gpu_mem_bytes)
+            .map(|b| b as f64 / 1e6)
+    };
+    let mut g = axis(
+        "peak GPU memory".into(),
+        "MB",
+        Better::LessMemory,
+        gpu_mem(engine),
+        gpu_mem(oracle),
+    );
+    if kv_refused {
+        g.note = Some("KV pools not matched: raw, not like-for-like".into());
+    }
+    v.push(g);
+    let busy = |l: &LegRecord| gsum(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0);
+    let mut b = axis(
+        "GPU busy (battery)".into(),
+        "%",
+        Better::Neither,
+        busy(engine),
+        busy(oracle),
+    );
+    b.note = Some("share of driver utilization samples above 0%".into());
+    v.push(b);
     let (re, ro) = (refused(LegName::Engine), refused(LegName::Oracle));
     for a in &mut v {
         a.ours_refused = re;

@@ -292,6 +292,8 @@ mod tests {
             exit_status: Some(0),
             failure: None,
             host_mem: Default::default(),
+            sampler: Default::default(),
+            gpu_stragglers: vec![],
             prior_starts: vec![],
         }
     }
