@@ -631,7 +631,17 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
             g.sentence.replace('\n', " ")
         ));
     }
-    if rec.refusals.is_empty() {
+    let not_applicable = rec
+        .gates
+        .iter()
+        .filter(|g| matches!(g.verdict, gates::Verdict::NotApplicable { .. }))
+        .count();
+    if rec.refusals.is_empty() && not_applicable > 0 {
+        // Not applicable is not a pass: say what was not checked rather than "every gate passed".
+        s.push_str(&format!(
+            "\nNo gate refused; {not_applicable} verdict(s) above are not applicable, so what they check was not checked.\n"
+        ));
+    } else if rec.refusals.is_empty() {
         s.push_str("\nEvery gate passed: every number above is gated.\n");
     } else {
         s.push_str(&format!("\n## Refusals ({})\n\n", rec.refusals.len()));

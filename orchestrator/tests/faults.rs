@@ -219,7 +219,11 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
         md.contains("| per output token, warm (median, n=6) |"),
         "{md}"
     );
-    assert!(md.contains("Every gate passed"), "{md}");
+    // Without a GPU the clock gate is not applicable, which is not a pass.
+    assert!(
+        md.contains("No gate refused; 3 verdict(s) above are not applicable"),
+        "{md}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -229,6 +233,66 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     assert!(std::fs::read_to_string(log)
         .unwrap()
         .contains("fake leg pid "));
+}
+
+#[test]
+fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_so() {
+    let f = Fixture::new("", "", "[sampler]\nhost_period_ms = 10\n");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let clock = gate(&rec, "clock", None);
+    assert_eq!(clock["verdict"], "not_applicable");
+    assert!(
+        clock["reason"].as_str().unwrap().starts_with("no GPU: "),
+        "{clock}"
+    );
+    assert_eq!(
+        gate(&rec, "gpu_straggler", Some("oracle"))["verdict"],
+        "not_applicable"
+    );
+    for leg in ["engine", "oracle"] {
+        let s = &rec["legs"][leg]["sampler"];
+        assert!(s["summary"].is_null(), "{s}");
+        assert_eq!(s["host_period_ms"], 10);
+        assert!(s["cpu_s"].as_f64().unwrap() > 0.0, "{s}");
+        let series = std::fs::read_to_string(s["series"].as_str().unwrap()).unwrap();
+        assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
+        for p in ["load", "warmup", "battery", "shutdown"] {
+            // Phase rows end with their phase; host rows go on to rss_bytes.
+            assert!(
+                series.contains(&format!(r#""phase":"{p}"}}"#)),
+                "{p}: {series}"
+            );
+        }
+        assert!(series.contains(r#"{"kind":"host""#), "{series}");
+        assert!(
+            series.contains(r#"{"kind":"cost","thread":"host""#),
+            "{series}"
+        );
+    }
+    let axis = |name: &str| {
+        rec["axes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["axis"] == name)
+            .unwrap_or_else(|| panic!("no axis {name}"))
+            .clone()
+    };
+    assert!(axis("peak GPU memory")["ours"].is_null());
+    assert_eq!(
+        axis("peak GPU memory")["words"],
+        "not measured on either leg"
+    );
+    let svg = rec["timeline"].as_str().unwrap();
+    assert!(std::fs::read_to_string(svg)
+        .unwrap()
+        .contains("no GPU data: "));
+    let md =
+        std::fs::read_to_string(Path::new(svg).with_extension("").with_extension("md")).unwrap();
+    assert!(md.contains(".timeline.svg)"), "{md}");
+    assert!(md.contains("sampler cost"), "{md}");
 }
 
 #[test]

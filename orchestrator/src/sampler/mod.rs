@@ -304,6 +304,13 @@ impl LegSampler {
             Ok(g) => (Some(g.info()), None),
             Err(e) => (None, Some(e.clone())),
         };
+        // Said once per process, not once per leg: the record says it per leg anyway.
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if let Some(why) = &no_gpu {
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
+            }
+        }
         let gpu_thread = gpu.ok().map(|g| {
             let (stop, phase, pids) = (stop.clone(), phase.clone(), pids.clone());
             let period = Duration::from_millis(spec.nvml_period_ms.max(1));
