@@ -210,9 +210,22 @@ pub fn axes(
         gpu_mem(engine),
         gpu_mem(oracle),
     );
-    if kv_refused {
-        g.note = Some("KV pools not matched: raw, not like-for-like".into());
+    let by_device: Vec<String> = [engine, oracle]
+        .iter()
+        .filter(|l| gsum(l).is_some_and(|s| s.peak_gpu_mem_source == "device above its first poll"))
+        .map(|l| l.leg.to_string())
+        .collect();
+    let mut notes = vec![];
+    if !by_device.is_empty() {
+        notes.push(format!(
+            "{}: device memory above the leg's start (the driver named none of its processes)",
+            by_device.join(", ")
+        ));
     }
+    if kv_refused {
+        notes.push("KV pools not matched: raw, not like-for-like".into());
+    }
+    g.note = (!notes.is_empty()).then(|| notes.join("; "));
     v.push(g);
     let busy = |l: &LegRecord| gsum(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0);
     let mut b = axis(

@@ -4,6 +4,7 @@
 //! [`crate::sampler::Gpu`] trait, so tests play the process table.
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use crate::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::sampler::{self, Gpu, GpuProc};
@@ -126,6 +127,10 @@ pub fn judge(
 pub struct GpuIdleCheck {
     pub max_used_mib: u64,
     pub open: fn(u32) -> Result<Box<dyn Gpu>, String>,
+    /// How long a busy GPU is given to settle before the refusal: the driver frees a killed
+    /// process's memory a moment after it dies, so the previous leg's straggler, just killed,
+    /// must not refuse the next leg.
+    pub settle: Duration,
 }
 
 impl GpuIdleCheck {
@@ -133,6 +138,7 @@ impl GpuIdleCheck {
         GpuIdleCheck {
             max_used_mib,
             open: sampler::nvml::open,
+            settle: Duration::from_secs(5),
         }
     }
 }
@@ -146,9 +152,16 @@ impl IdleCheck for GpuIdleCheck {
             Ok(g) => g,
             Err(why) => return Ok(format!("not applicable: no GPU ({why})")),
         };
-        let procs = g.processes();
-        let used = g.state().used_bytes;
-        judge(n, &procs, used, self.max_used_mib, process_name).map_err(|r| r.to_string())
+        let start = Instant::now();
+        loop {
+            let procs = g.processes();
+            let used = g.state().used_bytes;
+            match judge(n, &procs, used, self.max_used_mib, process_name) {
+                Ok(s) => return Ok(s),
+                Err(r) if start.elapsed() >= self.settle => return Err(r.to_string()),
+                Err(_) => std::thread::sleep(Duration::from_millis(250)),
+            }
+        }
     }
 }
 
@@ -231,6 +244,7 @@ mod tests {
         let busy = GpuIdleCheck {
             max_used_mib: 1024,
             open: busy_gpu,
+            settle: Duration::ZERO,
         };
         let e = busy.check(&lease).unwrap_err();
         // The fake names this test process, which /proc can see.
@@ -239,6 +253,7 @@ mod tests {
         let none = GpuIdleCheck {
             max_used_mib: 1024,
             open: no_gpu,
+            settle: Duration::ZERO,
         };
         assert_eq!(
             none.check(&lease).unwrap(),

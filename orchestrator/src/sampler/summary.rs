@@ -9,7 +9,9 @@
 //! - a throttle reason's *share*: the share of the window's polls that had its bit set;
 //! - *persistence* is on only if every poll in the window said so;
 //! - *peak GPU memory*: the largest sum over the leg's processes in one poll, over the whole leg
-//!   (the load is where memory peaks).
+//!   (the load is where memory peaks). Where the driver names none of the leg's processes (in a
+//!   container NVML reports the host's pids, which are not ours), it is the device's memory in
+//!   use above the first poll's instead, and `peak_gpu_mem_source` says so.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -56,6 +58,9 @@ pub struct GpuSummary {
     pub persistence: Option<bool>,
     pub persistence_off_polls: u64,
     pub peak_gpu_mem_bytes: Option<u64>,
+    /// "processes" (the leg's own, summed) or "device above its first poll" (see above).
+    #[serde(default)]
+    pub peak_gpu_mem_source: String,
     pub peak_device_used_bytes: Option<u64>,
 }
 
@@ -108,6 +113,7 @@ pub fn summarize(rows: &[Row]) -> GpuSummary {
     let mut persist_off = 0u64;
     let mut peak_leg: Option<u64> = None;
     let mut peak_dev: Option<u64> = None;
+    let mut baseline: Option<u64> = None;
     let (mut util_n, mut busy_n) = (0u64, 0u64);
     let mut sources: Vec<&str> = vec![];
     let mut t_min = u64::MAX;
@@ -126,12 +132,13 @@ pub fn summarize(rows: &[Row]) -> GpuSummary {
                 procs,
                 ..
             } => {
-                if let Some(p) = procs {
+                if let Some(p) = procs.as_ref().filter(|p| !p.is_empty()) {
                     let sum: u64 = p.iter().map(|m| m.bytes).sum();
                     peak_leg = Some(peak_leg.unwrap_or(0).max(sum));
                 }
                 if let Some(u) = used_bytes {
                     peak_dev = Some(peak_dev.unwrap_or(0).max(*u));
+                    baseline.get_or_insert(*u);
                 }
                 if !inside(*t_us) {
                     continue;
@@ -218,7 +225,12 @@ pub fn summarize(rows: &[Row]) -> GpuSummary {
         throttle,
         persistence: (persist_on + persist_off > 0).then_some(persist_off == 0),
         persistence_off_polls: persist_off,
-        peak_gpu_mem_bytes: peak_leg,
+        peak_gpu_mem_source: match (peak_leg, peak_dev) {
+            (Some(_), _) => "processes".into(),
+            (None, Some(_)) => "device above its first poll".into(),
+            (None, None) => "none".into(),
+        },
+        peak_gpu_mem_bytes: peak_leg.or_else(|| Some(peak_dev? - baseline?)),
         peak_device_used_bytes: peak_dev,
     }
 }
@@ -281,7 +293,12 @@ impl fmt::Display for GpuSummary {
             }
         )?;
         if let Some(b) = self.peak_gpu_mem_bytes {
-            write!(f, "; peak GPU memory of its processes {} MiB", b >> 20)?;
+            write!(
+                f,
+                "; peak GPU memory {} MiB ({})",
+                b >> 20,
+                self.peak_gpu_mem_source
+            )?;
         }
         if let Some(b) = self.peak_device_used_bytes {
             write!(f, "; peak device memory used {} MiB", b >> 20)?;
@@ -300,5 +317,42 @@ mod tests {
         assert_eq!(percentile(&v, 0.5), Some(3.0));
         assert_eq!(percentile(&v, 0.05), Some(1.2));
         assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    fn poll(t_us: u64, used_mib: u64, procs: Option<Vec<(u32, u64)>>) -> Row {
+        Row::Gpu {
+            t_us,
+            phase: "load".into(),
+            sm_mhz: Some(1980),
+            mem_mhz: None,
+            power_mw: None,
+            temp_c: None,
+            throttle: None,
+            persistence: None,
+            used_bytes: Some(used_mib << 20),
+            procs: procs.map(|v| {
+                v.into_iter()
+                    .map(|(pid, mib)| super::super::ProcMem {
+                        pid,
+                        bytes: mib << 20,
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    #[test]
+    fn peak_gpu_memory_is_the_legs_processes_else_the_device_above_its_start() {
+        let s = summarize(&[
+            poll(1, 500, Some(vec![])),
+            poll(2, 9000, Some(vec![(10, 6000), (11, 2000)])),
+            poll(3, 7000, Some(vec![(10, 6000)])),
+        ]);
+        assert_eq!(s.peak_gpu_mem_bytes, Some(8000 << 20));
+        assert_eq!(s.peak_gpu_mem_source, "processes");
+        // A container: the driver's pids are the host's, none matches the leg.
+        let s = summarize(&[poll(1, 500, Some(vec![])), poll(2, 9000, Some(vec![]))]);
+        assert_eq!(s.peak_gpu_mem_bytes, Some(8500 << 20));
+        assert_eq!(s.peak_gpu_mem_source, "device above its first poll");
     }
 }
