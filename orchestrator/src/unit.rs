@@ -238,7 +238,7 @@ pub struct LeaseCfg {
     pub gpu: Option<u32>,
     #[serde(default = "default_lock_dir")]
     pub lock_dir: PathBuf,
-    /// GPU memory in use (MiB) above which the idle gate (issue 5) refuses to start a leg.
+    /// GPU memory in use (MiB) above which the idle gate (gates/idle.rs) refuses to start a leg.
     #[serde(default = "default_idle_mib")]
     pub idle_max_used_mib: u64,
 }

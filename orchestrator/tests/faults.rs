@@ -295,6 +295,64 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
     assert!(md.contains("sampler cost"), "{md}");
 }
 
+fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::sampler::Gpu>, String> {
+    use orchestrator::sampler::{FakeGpu, GpuProc, GpuState};
+    Ok(Box::new(FakeGpu {
+        states: vec![GpuState {
+            used_bytes: Some(23_000 << 20),
+            ..Default::default()
+        }],
+        procs: vec![GpuProc {
+            pid: std::process::id(),
+            used_bytes: Some(22_986 << 20),
+            compute: true,
+        }],
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
+    // GPU 7 is leased: no machine this runs on has it, so the sampler says "no GPU" while the
+    // idle check sees the fake's process table.
+    let f = Fixture::new("", "", "[lease]\ngpu = 7\n");
+    let (_, checked) = orchestrator::preflight::preflight(
+        &f.path("unit.toml"),
+        Some(f.path("python.sh").to_str().unwrap()),
+        false,
+    );
+    let opts = orchestrator::run::RunOptions {
+        records_dir: Some(f.path("records")),
+        lock_dir: Some(f.path("locks")),
+        quiet: true,
+        ..Default::default()
+    };
+    let idle = orchestrator::gates::idle::GpuIdleCheck {
+        max_used_mib: 1024,
+        open: busy_gpu,
+        settle: Duration::ZERO,
+    };
+    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle).unwrap();
+    assert_eq!(code, 2, "neither leg was measured");
+    let rec = f.record().unwrap();
+    for leg in ["engine", "oracle"] {
+        let fail = &rec["legs"][leg]["failure"];
+        assert_eq!(fail["kind"], "idle", "{fail}");
+        let msg = fail["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("GPU 7 is not idle: 1 compute process(es) on it: pid ")
+                && msg.contains(", 22986 MiB) (23000 MiB in use)"),
+            "{msg}"
+        );
+        assert!(rec["legs"][leg]["ready"].is_null());
+    }
+    let checks = rec["lease"]["idle_checks"].to_string();
+    assert!(
+        checks.contains("before the oracle leg: refused: GPU 7 is not idle"),
+        "{checks}"
+    );
+}
+
 #[test]
 fn crash_at_load_is_named_with_the_stderr_tail() {
     let f = Fixture::new("--fault=crash-load", "", "");
