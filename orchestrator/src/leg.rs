@@ -178,6 +178,10 @@ pub struct LegRecord {
     /// Its processes still holding GPU memory after its shutdown (named, killed).
     #[serde(default)]
     pub gpu_stragglers: Vec<GpuStraggler>,
+    /// The GPU's process table was read after its shutdown: without it, an empty
+    /// `gpu_stragglers` means "not checked", never "none".
+    #[serde(default)]
+    pub gpu_checked: bool,
     /// Starts before this one (a kv resize restarts the leg).
     #[serde(default)]
     pub prior_starts: Vec<PriorStart>,
@@ -385,6 +389,7 @@ impl LegRun {
             host_mem: HostMemSummary::default(),
             sampler: SamplerReport::default(),
             gpu_stragglers: vec![],
+            gpu_checked: false,
             prior_starts: vec![],
         };
         let mut run = LegRun {
@@ -632,6 +637,7 @@ impl LegRun {
                     }
                 }
                 self.record.gpu_stragglers.extend(found);
+                self.record.gpu_checked = true;
             }
         }
         if let Some(pgid) = self.pgid.take() {

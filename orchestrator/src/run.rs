@@ -129,6 +129,7 @@ fn not_started(spec: &LegSpec, why: String) -> LegRecord {
         host_mem: Default::default(),
         sampler: Default::default(),
         gpu_stragglers: vec![],
+        gpu_checked: false,
         prior_starts: vec![],
     }
 }

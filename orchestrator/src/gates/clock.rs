@@ -336,12 +336,10 @@ impl Gate for ClockGate {
                     boot_id: s.boot_id.as_deref(),
                     summary: sum,
                 }),
-                None => Err(format!(
-                    "no GPU: {}",
-                    s.no_gpu
-                        .clone()
-                        .unwrap_or_else(|| format!("the {leg} leg was not sampled"))
-                )),
+                None => Err(match &s.no_gpu {
+                    Some(why) => format!("no GPU: {why}"),
+                    None => format!("the {leg} leg was not sampled (it never started)"),
+                }),
             }
         };
         let (e, o) = match (side(LegName::Engine), side(LegName::Oracle)) {

@@ -294,6 +294,7 @@ mod tests {
             host_mem: Default::default(),
             sampler: Default::default(),
             gpu_stragglers: vec![],
+            gpu_checked: false,
             prior_starts: vec![],
         }
     }
