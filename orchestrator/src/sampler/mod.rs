@@ -626,11 +626,15 @@ pub fn sample_command(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -
         host_period_ms: 100,
         series: Some(out.to_path_buf()),
     };
-    let s = LegSampler::start("sample", None, &spec);
-    if let Some(why) = s.no_gpu() {
-        eprintln!("orchestrator clock sample: {why}; nothing was sampled");
-        return 2;
-    }
+    // Opened here rather than in the sampler, so that "no GPU" is said once, as this error.
+    let g = match nvml::open(gpu) {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("orchestrator clock sample: {why}; nothing was sampled");
+            return 2;
+        }
+    };
+    let s = LegSampler::start_with("sample", None, &spec, Ok(g));
     s.phase.set("sample");
     std::thread::sleep(Duration::from_secs_f64(seconds.max(0.0)));
     let done = s.finish();
