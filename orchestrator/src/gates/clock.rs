@@ -62,6 +62,8 @@ pub enum ClockReason {
     NoSamples { leg: String, what: String },
     Idle {
         leg: String,
+        /// "battery", or "whole series" for a series with no battery mark.
+        window: String,
         busy_pct: f64,
         busy_samples: u64,
         samples: u64,
@@ -108,10 +110,11 @@ impl fmt::Display for ClockReason {
         match self {
             ClockReason::NoSamples { leg, what } => write!(
                 f,
-                "The {leg} leg's battery window holds no {what} samples, so its GPU state cannot be judged. Hint: lengthen the battery (repeat, max_tokens) or shorten [sampler] nvml_period_ms."
+                "The {leg} leg's window holds no {what} samples, so its GPU state cannot be judged. Hint: lengthen the battery (repeat, max_tokens) or shorten [sampler] nvml_period_ms."
             ),
             ClockReason::Idle {
                 leg,
+                window,
                 busy_pct,
                 busy_samples,
                 samples,
@@ -121,7 +124,7 @@ impl fmt::Display for ClockReason {
             } => {
                 write!(
                     f,
-                    "The GPU was busy in only {busy_pct:.2}% of the {leg} leg's battery window ({busy_samples} of {samples} utilization samples above 0%) against a {floor_pct}% floor"
+                    "The GPU was busy in only {busy_pct:.2}% of the {leg} leg's {window} window ({busy_samples} of {samples} utilization samples above 0%) against a {floor_pct}% floor"
                 )?;
                 if let Some(o) = other_busy_pct {
                     write!(f, " (the {other_leg} leg: {o:.2}%)")?;
@@ -140,7 +143,7 @@ impl fmt::Display for ClockReason {
                 ceiling_pct,
             } => write!(
                 f,
-                "The {leg} leg's SM clock spread {spread_pct:.2}% (p5 {p5_mhz:.0}, median {median_mhz:.0}, p95 {p95_mhz:.0} MHz) against a {ceiling_pct}% ceiling: the clock moved during the battery. Hint: look for power or thermal limits and a GPU that was idle between requests (clocks drop while idle)."
+                "The {leg} leg's SM clock spread {spread_pct:.2}% (p5 {p5_mhz:.0}, median {median_mhz:.0}, p95 {p95_mhz:.0} MHz) against a {ceiling_pct}% ceiling: the clock moved while it ran. Hint: look for power or thermal limits and a GPU that was idle between requests (clocks drop while idle)."
             ),
             ClockReason::Throttled { leg, reasons } => {
                 let list: Vec<String> = reasons
@@ -200,6 +203,7 @@ fn one_leg(s: &ClockSide, other: &ClockSide, cfg: &ClockCfg, out: &mut Vec<Clock
         }),
         Some(b) if b * 100.0 < cfg.min_busy_pct => out.push(ClockReason::Idle {
             leg: s.leg.clone(),
+            window: sum.window.clone(),
             busy_pct: b * 100.0,
             busy_samples: sum.busy_samples,
             samples: sum.util_samples,
@@ -352,6 +356,19 @@ impl Gate for ClockGate {
                 )]
             }
         };
+        // A leg that never reached its battery has no window to judge; its failure is the
+        // leg gate's refusal, and judging its load instead would only add noise.
+        for leg in [LegName::Engine, LegName::Oracle] {
+            if !input.leg(leg).measured() {
+                return vec![GateResult::new(
+                    self.name(),
+                    None,
+                    Verdict::NotApplicable {
+                        reason: format!("the {leg} leg did not complete its battery"),
+                    },
+                )];
+            }
+        }
         let reasons = compare(&e, &o, &cfg);
         if reasons.is_empty() {
             return vec![GateResult::new(

@@ -134,7 +134,8 @@ mod tests {
 
     fn record(leg: &str) -> LegRecord {
         serde_json::from_value(serde_json::json!({
-            "leg": leg, "argv": [], "log": "/x.log", "ready": null, "phases": [],
+            "leg": leg, "argv": [], "log": "/x.log", "ready": null,
+            "phases": [{"phase": "battery", "elapsed_s": 1.0, "ok": true}],
             "requests": [], "watchdog": null, "stragglers": [], "exit_status": 0,
             "failure": null, "host_mem": {"peak_rss_bytes": 0, "samples": 0, "period_ms": 100}
         }))
