@@ -613,6 +613,8 @@ impl LegRun {
         // host-side reap kills it anonymously.
         if let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) {
             if let Ok(mut g) = crate::sampler::nvml::open(gpu) {
+                // `seen` were the leg's when the sampler saw them (group, descendant or
+                // announced); one that left the group since (setsid) is still the leg's worker.
                 let seen = self.record.sampler.gpu_pids_seen.clone();
                 let is_leg = |pid: u32| {
                     pid as i32 == pgid
