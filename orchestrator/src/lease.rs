@@ -172,23 +172,11 @@ impl Lease {
     }
 }
 
-/// What runs under the lease before each leg (and before a `lease` job). Issue 5's idle gate
-/// implements this with NVML: no other compute process on the GPU, memory used under
+/// What runs under the lease before each leg (and before a `lease` job). The idle gate
+/// (gates/idle.rs) implements it with NVML: no compute process on the GPU, memory used under
 /// `[lease] idle_max_used_mib`; its Err is the whole refusal sentence naming the processes.
 pub trait IdleCheck {
     fn check(&self, lease: &Lease) -> Result<String, String>;
-}
-
-/// The check used until a GPU sampler exists: it says plainly that it checked nothing.
-pub struct NoIdleCheck;
-
-impl IdleCheck for NoIdleCheck {
-    fn check(&self, lease: &Lease) -> Result<String, String> {
-        Ok(format!(
-            "not applicable: no GPU idle check is built yet for the {} lease",
-            lease.target.name()
-        ))
-    }
 }
 
 /// `orchestrator lease -- CMD ARGS...`: runs any job under the lease and the idle check; the

@@ -11,9 +11,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::progress::Progress;
 use crate::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
-use crate::sampler::{HostMemSampler, HostMemSummary};
+use crate::sampler::{HostMemSummary, LegSampler, SamplerReport, SamplerSpec};
 use crate::unit::WatchdogCfg;
-use crate::watchdog::{self, Phase, Straggler, WatchdogKill};
+use crate::watchdog::{self, GpuStraggler, Phase, Straggler, WatchdogKill};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
@@ -45,6 +45,8 @@ pub struct LegSpec {
     pub cwd: PathBuf,
     pub env: Vec<(String, String)>,
     pub log_path: PathBuf,
+    /// What to sample while it runs, and where the series goes.
+    pub sampler: SamplerSpec,
 }
 
 /// What each pass over the battery asks for.
@@ -150,6 +152,10 @@ pub struct PriorStart {
     pub reason: String,
     pub stragglers: Vec<Straggler>,
     pub exit_status: Option<i32>,
+    #[serde(default)]
+    pub gpu_stragglers: Vec<GpuStraggler>,
+    #[serde(default)]
+    pub sampler: SamplerReport,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -166,6 +172,16 @@ pub struct LegRecord {
     pub exit_status: Option<i32>,
     pub failure: Option<LegFailure>,
     pub host_mem: HostMemSummary,
+    /// The GPU and host samplers' summary, series file and own cost.
+    #[serde(default)]
+    pub sampler: SamplerReport,
+    /// Its processes still holding GPU memory after its shutdown (named, killed).
+    #[serde(default)]
+    pub gpu_stragglers: Vec<GpuStraggler>,
+    /// The GPU's process table was read after its shutdown: without it, an empty
+    /// `gpu_stragglers` means "not checked", never "none".
+    #[serde(default)]
+    pub gpu_checked: bool,
     /// Starts before this one (a kv resize restarts the leg).
     #[serde(default)]
     pub prior_starts: Vec<PriorStart>,
@@ -347,7 +363,8 @@ pub struct LegRun {
     pub record: LegRecord,
     proc: Option<LegProcess>,
     pgid: Option<i32>,
-    sampler: Option<HostMemSampler>,
+    sampler: Option<LegSampler>,
+    sampler_spec: SamplerSpec,
     started: Instant,
     /// When the current phase began, for the watchdog's "ran for" figure.
     phase_started: Instant,
@@ -370,6 +387,9 @@ impl LegRun {
             exit_status: None,
             failure: None,
             host_mem: HostMemSummary::default(),
+            sampler: SamplerReport::default(),
+            gpu_stragglers: vec![],
+            gpu_checked: false,
             prior_starts: vec![],
         };
         let mut run = LegRun {
@@ -377,6 +397,7 @@ impl LegRun {
             proc: None,
             pgid: None,
             sampler: None,
+            sampler_spec: spec.sampler.clone(),
             started: Instant::now(),
             phase_started: Instant::now(),
             wd: wd.clone(),
@@ -421,7 +442,9 @@ impl LegRun {
                 let stdout = child.stdout.take().expect("stdout was piped");
                 run.pgid = Some(pid as i32);
                 watchdog::register_group(pid as i32);
-                run.sampler = Some(HostMemSampler::start(pid, Duration::from_millis(100)));
+                let sampler = LegSampler::start(spec.leg.as_str(), Some(pid), &spec.sampler);
+                sampler.phase.set(Phase::Load.as_str());
+                run.sampler = Some(sampler);
                 run.proc = Some(LegProcess {
                     child,
                     stdin,
@@ -463,6 +486,9 @@ impl LegRun {
         match self.settle(Phase::Load, deadline, r).await {
             Some(ready) => {
                 let note = format!("ready (load_s {:.2} reported by the leg)", ready.load_s);
+                if let Some(s) = &self.sampler {
+                    s.announce(&ready.pids);
+                }
                 self.record.ready = Some(ready);
                 let el = prog.finish(&note);
                 self.record.phases.push(PhaseTime {
@@ -490,6 +516,7 @@ impl LegRun {
             if passes == 0 {
                 continue;
             }
+            self.mark(phase);
             let Some(p) = self.proc.as_mut() else {
                 return false;
             };
@@ -522,6 +549,7 @@ impl LegRun {
     /// Sends `shutdown`, waits for the exit under the shutdown deadline, then names and kills
     /// stragglers. Also the clean-up after a failure (then the group was killed already).
     pub async fn shutdown(&mut self) {
+        self.mark(Phase::Shutdown);
         if let Some(mut p) = self.proc.take() {
             let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
             let deadline = Phase::Shutdown.deadline(&self.wd);
@@ -569,13 +597,52 @@ impl LegRun {
                 ok: !outcome.starts_with("FAILED") && !outcome.starts_with("killed"),
             });
         }
+        // The samplers stop once the leg has exited, so the series covers its shutdown.
+        if let Some(s) = self.sampler.take() {
+            let done = s.finish();
+            self.record.host_mem = done.host_mem;
+            self.record.sampler = done.report;
+        }
+        let announced: Vec<u32> = self
+            .record
+            .ready
+            .as_ref()
+            .map(|r| r.pids.clone())
+            .unwrap_or_default();
+        // GPU side first: a process still holding memory is named with its MiB before the
+        // host-side reap kills it anonymously.
+        if let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) {
+            if let Ok(mut g) = crate::sampler::nvml::open(gpu) {
+                // `seen` were the leg's when the sampler saw them (group, descendant or
+                // announced); one that left the group since (setsid) is still the leg's worker.
+                let seen = self.record.sampler.gpu_pids_seen.clone();
+                let is_leg = |pid: u32| {
+                    pid as i32 == pgid
+                        || announced.contains(&pid)
+                        || seen.contains(&pid)
+                        || matches!(watchdog::stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
+                };
+                let found = watchdog::reap_gpu_stragglers(
+                    g.as_mut(),
+                    is_leg,
+                    crate::gates::idle::process_name,
+                );
+                for s in &found {
+                    if !self.quiet {
+                        eprintln!(
+                            "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
+                            self.record.leg,
+                            s.pid,
+                            s.name,
+                            s.mib.map_or("?".into(), |m| m.to_string())
+                        );
+                    }
+                }
+                self.record.gpu_stragglers.extend(found);
+                self.record.gpu_checked = true;
+            }
+        }
         if let Some(pgid) = self.pgid.take() {
-            let announced: Vec<u32> = self
-                .record
-                .ready
-                .as_ref()
-                .map(|r| r.pids.clone())
-                .unwrap_or_default();
             let found = watchdog::reap_stragglers(pgid, &announced);
             watchdog::unregister_group(pgid);
             for s in &found {
@@ -588,8 +655,12 @@ impl LegRun {
             }
             self.record.stragglers.extend(found);
         }
-        if let Some(s) = self.sampler.take() {
-            self.record.host_mem = s.finish();
+    }
+
+    /// Tells the samplers the leg entered `phase`.
+    fn mark(&self, phase: Phase) {
+        if let Some(s) = &self.sampler {
+            s.phase.set(phase.as_str());
         }
     }
 
@@ -703,6 +774,8 @@ impl LegRun {
             reason,
             stragglers: self.record.stragglers.clone(),
             exit_status: self.record.exit_status,
+            gpu_stragglers: self.record.gpu_stragglers.clone(),
+            sampler: self.record.sampler.clone(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod run;
 pub mod sampler;
 pub mod stats;
 pub mod table;
+pub mod timeline;
 pub mod timing;
 pub mod unit;
 pub mod watchdog;

@@ -3,10 +3,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use orchestrator::compare::{self, Spec, Thresholds};
-use orchestrator::lease::{self, LeaseTarget, NoIdleCheck};
+use orchestrator::gates::clock::{self, ClockCfg};
+use orchestrator::gates::idle::GpuIdleCheck;
+use orchestrator::lease::{self, LeaseTarget};
 use orchestrator::preflight;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
+use orchestrator::sampler;
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -87,8 +90,43 @@ enum Cmd {
         lock_dir: PathBuf,
         #[arg(long)]
         no_wait: bool,
+        /// The idle gate's ceiling on GPU memory in use before the job (MiB).
+        #[arg(long, default_value_t = 1024)]
+        idle_max_used_mib: u64,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// The GPU clock state on its own: sample a GPU, or judge two saved series with the clock gate.
+    Clock {
+        #[command(subcommand)]
+        cmd: ClockCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClockCmd {
+    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines) and
+    /// prints its summary. Observes only. Exit 2 when there is no GPU to sample.
+    Sample {
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        #[arg(long)]
+        out: PathBuf,
+        /// NVML poll period.
+        #[arg(long, default_value_t = 20)]
+        period_ms: u64,
+    },
+    /// The clock gate on two series (from `clock sample` or a run's <stem>.<leg>.samples.jsonl),
+    /// with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
+    /// no GPU data.
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        /// Points of per-token time per point of SM clock (as [gates] clock_basis).
+        #[arg(long, default_value_t = 1.0)]
+        basis: f64,
     },
 }
 
@@ -217,13 +255,33 @@ fn main() -> ExitCode {
             gpu,
             lock_dir,
             no_wait,
+            idle_max_used_mib,
             command,
         } => code(lease::run_job(
             LeaseTarget::choose(gpu),
             &lock_dir,
             !no_wait,
             &command,
-            &NoIdleCheck,
+            &GpuIdleCheck::nvml(idle_max_used_mib),
+        )),
+        Cmd::Clock {
+            cmd:
+                ClockCmd::Sample {
+                    seconds,
+                    gpu,
+                    out,
+                    period_ms,
+                },
+        } => code(sampler::sample_command(seconds, gpu, &out, period_ms)),
+        Cmd::Clock {
+            cmd: ClockCmd::Compare { a, b, basis },
+        } => code(clock::compare_command(
+            &a,
+            &b,
+            &ClockCfg {
+                basis,
+                ..ClockCfg::default()
+            },
         )),
     }
 }

@@ -36,6 +36,13 @@ pub struct Record {
     pub axes: Vec<Axis>,
     /// Each refusal's sentence, as printed under the table.
     pub refusals: Vec<String>,
+    /// How much of the per-token ratio a median SM clock offset could explain (both legs
+    /// sampled on a GPU), else null.
+    #[serde(default)]
+    pub clock_explain: Option<crate::gates::clock::ClockExplain>,
+    /// The timeline picture (SVG) beside the record.
+    #[serde(default)]
+    pub timeline: Option<PathBuf>,
     /// The exit status the run ends with (0 all gates passed, 1 refusals, 2 nothing measured).
     pub exit_status: i32,
 }
@@ -72,7 +79,8 @@ pub struct HostInfo {
     pub cores: usize,
     pub memory_bytes: u64,
     pub boot_id: Option<String>,
-    /// GPU, driver and CUDA fields: filled by the NVML sampler (issue 5).
+    /// The leased GPU (index, name, uuid, driver, CUDA, memory) as NVML reports it; null
+    /// without one.
     pub gpu: Option<serde_json::Value>,
 }
 

@@ -5,13 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::gates::clock;
+use crate::gates::idle::GpuIdleCheck;
 use crate::gates::{self, kv, GateInput};
-use crate::lease::{IdleCheck, Lease, LeaseTarget, NoIdleCheck};
+use crate::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::leg::{BatteryPlan, LegFailure, LegName, LegRecord, LegRun, LegSpec};
 use crate::preflight::{self, Checked};
 use crate::record::{
     self, BinaryInfo, HostInfo, LeaseInfo, LegTimings, Legs, ProjectInfo, Record, UnitInfo,
 };
+use crate::sampler::SamplerSpec;
 use crate::table;
 use crate::timing::Timings;
 use crate::unit::{KvMatch, OracleBackend, Unit};
@@ -124,6 +127,9 @@ fn not_started(spec: &LegSpec, why: String) -> LegRecord {
             stderr_tail: vec![],
         }),
         host_mem: Default::default(),
+        sampler: Default::default(),
+        gpu_stragglers: vec![],
+        gpu_checked: false,
         prior_starts: vec![],
     }
 }
@@ -153,6 +159,18 @@ impl Ctx<'_> {
         };
         let mut log = self.stem.as_os_str().to_owned();
         log.push(format!(".{leg}{suffix}.log"));
+        let mut series = self.stem.as_os_str().to_owned();
+        series.push(format!(".{leg}{suffix}.samples.jsonl"));
+        let sc = &c.unit.config.sampler;
+        let sampler = SamplerSpec {
+            gpu: match self.lease.target {
+                LeaseTarget::Gpu(n) => Some(n),
+                LeaseTarget::Cpu => None,
+            },
+            nvml_period_ms: sc.nvml_period_ms,
+            host_period_ms: sc.host_period_ms,
+            series: Some(PathBuf::from(series)),
+        };
         let mut env = vec![(
             "PYTHONPATH".to_string(),
             preflight::pythonpath(&c.project_root),
@@ -170,6 +188,7 @@ impl Ctx<'_> {
             cwd: c.project_root.clone(),
             env,
             log_path: PathBuf::from(log),
+            sampler,
         }
     }
 
@@ -310,7 +329,8 @@ pub fn run(unit_path: &Path, opts: &RunOptions) -> i32 {
         }
         return EXIT_ERROR;
     };
-    match run_checked(&checked, opts, &NoIdleCheck) {
+    let idle = GpuIdleCheck::nvml(checked.unit.config.lease.idle_max_used_mib);
+    match run_checked(&checked, opts, &idle) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("orchestrator: {e}");
@@ -409,6 +429,7 @@ pub fn run_checked(
     let te = Timings::from_leg(&legs.engine);
     let to = Timings::from_leg(&legs.oracle);
     let axes = table::axes(&legs.engine, &legs.oracle, &te, &to, &verdicts);
+    let clock_explain = clock_explain(&legs.engine, &legs.oracle, &axes, &cfg.gates);
     let refusals: Vec<String> = verdicts
         .iter()
         .filter_map(|g| g.refusal().map(ToString::to_string))
@@ -438,7 +459,14 @@ pub fn run_checked(
             path: checked.engine_binary.clone(),
             sha256: record::sha256_file(&checked.engine_binary),
         },
-        host: HostInfo::read(),
+        host: {
+            let mut h = HostInfo::read();
+            h.gpu = [&legs.engine, &legs.oracle]
+                .iter()
+                .find_map(|l| l.sampler.gpu.as_ref())
+                .and_then(|g| serde_json::to_value(g).ok());
+            h
+        },
         lease: LeaseInfo {
             target: lease_target(unit).name(),
             path: lock_dir.join(format!("{}.lock", lease_target(unit).name())),
@@ -456,8 +484,20 @@ pub fn run_checked(
         kv_resize: legs.kv_resize.clone(),
         axes: axes.clone(),
         refusals: refusals.clone(),
+        clock_explain: clock_explain.clone(),
+        timeline: None,
         exit_status: code,
     };
+    // The picture goes beside the record; the record names it, so it is drawn first.
+    let svg_path = PathBuf::from(format!("{}.timeline.svg", stem.display()));
+    let mut rec = rec;
+    match crate::timeline::write(&svg_path, &[&legs.engine, &legs.oracle], &refusals) {
+        Ok(()) => rec.timeline = Some(svg_path.clone()),
+        Err(e) => eprintln!(
+            "orchestrator: cannot draw the timeline {} ({e}); the record is written without it",
+            svg_path.display()
+        ),
+    }
     rec.write(&json_path)
         .map_err(|e| format!("cannot write the record {} ({e})", json_path.display()))?;
 
@@ -483,6 +523,12 @@ pub fn run_checked(
         let leg = g.leg.map(|l| format!(" ({l})")).unwrap_or_default();
         println!("{tag} {}{leg}: {}", g.gate, g.sentence);
     }
+    for l in [&legs.engine, &legs.oracle] {
+        println!("{}", sampler_line(l));
+    }
+    if let Some(x) = &clock_explain {
+        println!("clock: {}", x.sentence);
+    }
     if !refusals.is_empty() {
         println!("\nRefusals ({}):", refusals.len());
         for r in &refusals {
@@ -494,7 +540,52 @@ pub fn run_checked(
         json_path.display(),
         md_path.display()
     );
+    if let Some(t) = &rec.timeline {
+        println!("timeline: {}", t.display());
+    }
     Ok(code)
+}
+
+/// One line per leg: its sampler summary, or why there is none, and what sampling cost.
+fn sampler_line(l: &LegRecord) -> String {
+    let s = &l.sampler;
+    let what = match (&s.summary, &s.no_gpu) {
+        (Some(sum), _) => sum.to_string(),
+        (None, Some(why)) => format!("no GPU data: {why}"),
+        (None, None) => "not sampled".into(),
+    };
+    format!(
+        "sampler ({}): {what}; boot {}; peak host memory {} MB; sampler cost {:.3} s CPU over {:.1} s ({:.2}% of one core){}",
+        l.leg,
+        s.boot_id.as_deref().unwrap_or("unknown"),
+        l.host_mem.peak_rss_bytes / 1_000_000,
+        s.cpu_s,
+        s.wall_s,
+        s.cpu_share * 100.0,
+        s.series
+            .as_ref()
+            .map(|p| format!("; series {}", p.display()))
+            .unwrap_or_default()
+    )
+}
+
+/// What a clock offset could explain of the per-token ratio, when both legs have clocks.
+fn clock_explain(
+    engine: &LegRecord,
+    oracle: &LegRecord,
+    axes: &[table::Axis],
+    gates: &crate::unit::GatesCfg,
+) -> Option<clock::ClockExplain> {
+    let (a, b) = (
+        engine.sampler.summary.as_ref()?,
+        oracle.sampler.summary.as_ref()?,
+    );
+    let off = clock::median_offset_pct(a, b)?;
+    let ratio = axes
+        .iter()
+        .find(|x| x.axis.starts_with("per output token"))
+        .and_then(|x| x.ratio);
+    Some(clock::explain(off, gates.clock_basis, ratio))
 }
 
 fn markdown(rec: &Record, json_path: &Path) -> String {
@@ -511,6 +602,22 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
         json_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     );
     s.push_str(&table::render_markdown(&rec.axes));
+    if let Some(t) = &rec.timeline {
+        let name = t
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "\n![timeline: SM clock and utilization of both legs]({name})\n"
+        ));
+    }
+    s.push_str("\n## GPU and host sampling\n\n");
+    for l in [&rec.legs.engine, &rec.legs.oracle] {
+        s.push_str(&format!("- {}\n", sampler_line(l)));
+    }
+    if let Some(x) = &rec.clock_explain {
+        s.push_str(&format!("- clock: {}\n", x.sentence));
+    }
     s.push_str("\n## Gates\n\n");
     for g in &rec.gates {
         let tag = match g.verdict {
@@ -525,7 +632,17 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
             g.sentence.replace('\n', " ")
         ));
     }
-    if rec.refusals.is_empty() {
+    let not_applicable = rec
+        .gates
+        .iter()
+        .filter(|g| matches!(g.verdict, gates::Verdict::NotApplicable { .. }))
+        .count();
+    if rec.refusals.is_empty() && not_applicable > 0 {
+        // Not applicable is not a pass: say what was not checked rather than "every gate passed".
+        s.push_str(&format!(
+            "\nNo gate refused; {not_applicable} verdict(s) above are not applicable, so what they check was not checked.\n"
+        ));
+    } else if rec.refusals.is_empty() {
         s.push_str("\nEvery gate passed: every number above is gated.\n");
     } else {
         s.push_str(&format!("\n## Refusals ({})\n\n", rec.refusals.len()));

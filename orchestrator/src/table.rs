@@ -196,6 +196,47 @@ pub fn axes(
         k.note = Some("could NOT be matched".into());
     }
     v.push(k);
+    // GPU axes from the sampler summaries: absent (no GPU) is "not measured", never zero.
+    let gsum = |l: &LegRecord| l.sampler.summary.clone();
+    let gpu_mem = |l: &LegRecord| {
+        gsum(l)
+            .and_then(|s| s.peak_gpu_mem_bytes)
+            .map(|b| b as f64 / 1e6)
+    };
+    let mut g = axis(
+        "peak GPU memory".into(),
+        "MB",
+        Better::LessMemory,
+        gpu_mem(engine),
+        gpu_mem(oracle),
+    );
+    let by_device: Vec<String> = [engine, oracle]
+        .iter()
+        .filter(|l| gsum(l).is_some_and(|s| s.peak_gpu_mem_source == "device above its first poll"))
+        .map(|l| l.leg.to_string())
+        .collect();
+    let mut notes = vec![];
+    if !by_device.is_empty() {
+        notes.push(format!(
+            "{}: device memory above the leg's start (the driver named none of its processes)",
+            by_device.join(", ")
+        ));
+    }
+    if kv_refused {
+        notes.push("KV pools not matched: raw, not like-for-like".into());
+    }
+    g.note = (!notes.is_empty()).then(|| notes.join("; "));
+    v.push(g);
+    let busy = |l: &LegRecord| gsum(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0);
+    let mut b = axis(
+        "GPU busy (battery)".into(),
+        "%",
+        Better::Neither,
+        busy(engine),
+        busy(oracle),
+    );
+    b.note = Some("share of driver utilization samples above 0%".into());
+    v.push(b);
     let (re, ro) = (refused(LegName::Engine), refused(LegName::Oracle));
     for a in &mut v {
         a.ours_refused = re;

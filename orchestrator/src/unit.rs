@@ -51,6 +51,27 @@ pub struct UnitFile {
     pub lease: LeaseCfg,
     #[serde(default)]
     pub watchdog: WatchdogCfg,
+    #[serde(default)]
+    pub sampler: SamplerCfg,
+}
+
+/// How often the samplers poll during a leg (docs/UNIT.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerCfg {
+    #[serde(default = "default_nvml_period")]
+    pub nvml_period_ms: u64,
+    #[serde(default = "default_host_period")]
+    pub host_period_ms: u64,
+}
+
+impl Default for SamplerCfg {
+    fn default() -> Self {
+        SamplerCfg {
+            nvml_period_ms: default_nvml_period(),
+            host_period_ms: default_host_period(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -170,6 +191,25 @@ pub struct GatesCfg {
     /// `resolved` keys the golden config gate does not compare (e.g. a path that differs by host).
     #[serde(default)]
     pub golden_config_ignore: Vec<String>,
+    /// The clock gate (docs/GATES.md): each leg's GPU busy in at least this share of the battery.
+    #[serde(default = "default_min_busy")]
+    pub clock_min_busy_pct: f64,
+    /// (p95 - p5) / median of the SM clock over the battery, at most this.
+    #[serde(default = "default_max_spread")]
+    pub clock_max_spread_pct: f64,
+    /// Throttle (clock event) reasons that do not refuse a leg.
+    #[serde(default = "default_allowed_throttle")]
+    pub clock_allowed_throttle: Vec<String>,
+    #[serde(default = "default_true")]
+    pub clock_require_persistence: bool,
+    #[serde(default = "default_true")]
+    pub clock_require_same_boot: bool,
+    /// The legs' median SM clocks within this percentage of each other.
+    #[serde(default = "default_one_f")]
+    pub clock_max_median_offset_pct: f64,
+    /// Points of per-token time per point of SM clock: how much of a gap a clock offset explains.
+    #[serde(default = "default_one_f")]
+    pub clock_basis: f64,
 }
 
 impl Default for GatesCfg {
@@ -179,6 +219,13 @@ impl Default for GatesCfg {
             kv_match: default_kv_match(),
             kv_tolerance_blocks: 1,
             golden_config_ignore: Vec::new(),
+            clock_min_busy_pct: default_min_busy(),
+            clock_max_spread_pct: default_max_spread(),
+            clock_allowed_throttle: default_allowed_throttle(),
+            clock_require_persistence: true,
+            clock_require_same_boot: true,
+            clock_max_median_offset_pct: default_one_f(),
+            clock_basis: default_one_f(),
         }
     }
 }
@@ -191,7 +238,7 @@ pub struct LeaseCfg {
     pub gpu: Option<u32>,
     #[serde(default = "default_lock_dir")]
     pub lock_dir: PathBuf,
-    /// GPU memory in use (MiB) above which the idle gate (issue 5) refuses to start a leg.
+    /// GPU memory in use (MiB) above which the idle gate (gates/idle.rs) refuses to start a leg.
     #[serde(default = "default_idle_mib")]
     pub idle_max_used_mib: u64,
 }
@@ -269,6 +316,24 @@ fn default_kv_match() -> KvMatch {
 }
 fn default_one() -> u64 {
     1
+}
+fn default_one_f() -> f64 {
+    1.0
+}
+fn default_min_busy() -> f64 {
+    50.0
+}
+fn default_max_spread() -> f64 {
+    5.0
+}
+fn default_allowed_throttle() -> Vec<String> {
+    vec!["GpuIdle".into(), "ApplicationsClocksSetting".into()]
+}
+fn default_nvml_period() -> u64 {
+    20
+}
+fn default_host_period() -> u64 {
+    100
 }
 fn default_lock_dir() -> PathBuf {
     "/tmp/llm-bench-locks".into()
@@ -666,6 +731,7 @@ backend = "transformers"
                 c.gates,
                 c.lease,
                 c.watchdog,
+                c.sampler,
                 c.oracle.python,
                 c.oracle.device,
                 c.oracle.dtype

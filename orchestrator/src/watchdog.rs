@@ -65,6 +65,47 @@ pub struct Straggler {
     pub killed: bool,
 }
 
+/// A process of a leg still holding GPU memory after the leg's shutdown (the GPU side of the
+/// straggler gate): the reference report's "PID 40514, 22,986 MiB, the EngineCore".
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GpuStraggler {
+    pub pid: u32,
+    pub name: String,
+    /// None where the driver does not account memory per process.
+    pub mib: Option<u64>,
+    pub killed: bool,
+}
+
+/// The processes in `procs` (a GPU's process table) that are the leg's, per `is_leg`.
+pub fn gpu_stragglers(
+    procs: &[crate::sampler::GpuProc],
+    is_leg: impl Fn(u32) -> bool,
+) -> Vec<(u32, Option<u64>)> {
+    procs
+        .iter()
+        .filter(|p| is_leg(p.pid))
+        .map(|p| (p.pid, p.used_bytes.map(|b| b >> 20)))
+        .collect()
+}
+
+/// Names and SIGKILLs every process of the leg still on the GPU. Only live processes are
+/// killed: a pid seen during the leg that has since gone is not signalled (it may be reused).
+pub fn reap_gpu_stragglers(
+    gpu: &mut dyn crate::sampler::Gpu,
+    is_leg: impl Fn(u32) -> bool,
+    name: impl Fn(u32) -> String,
+) -> Vec<GpuStraggler> {
+    gpu_stragglers(&gpu.processes(), is_leg)
+        .into_iter()
+        .map(|(pid, mib)| GpuStraggler {
+            pid,
+            name: name(pid),
+            mib,
+            killed: is_alive(pid as i32) && signal_pid(pid as i32, libc::SIGKILL),
+        })
+        .collect()
+}
+
 /// Process groups of legs now running. The legs are not in the orchestrator's foreground group,
 /// so a Ctrl-C never reaches them: on SIGINT/SIGTERM the run kills these before it exits.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
@@ -198,6 +239,46 @@ pub fn reap_stragglers(pgid: i32, announced: &[u32]) -> Vec<Straggler> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::{FakeGpu, GpuProc};
+
+    #[test]
+    fn a_leg_process_left_on_the_gpu_is_named_with_its_mib_and_killed() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut gpu = FakeGpu {
+            procs: vec![
+                GpuProc {
+                    pid,
+                    used_bytes: Some(22_986 << 20),
+                    compute: true,
+                },
+                // Someone else's process is not this leg's straggler, and is left alone.
+                GpuProc {
+                    pid: 1,
+                    used_bytes: Some(100 << 20),
+                    compute: true,
+                },
+            ],
+            ..Default::default()
+        };
+        let found = reap_gpu_stragglers(&mut gpu, |p| p == pid, |_| "EngineCore".into());
+        assert_eq!(
+            found,
+            vec![GpuStraggler {
+                pid,
+                name: "EngineCore".into(),
+                mib: Some(22_986),
+                killed: true
+            }]
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        // None of the leg's processes on the GPU: nothing to report.
+        assert!(gpu_stragglers(&gpu.procs, |p| p == 999_999).is_empty());
+    }
 
     #[test]
     fn stat_reads_own_group() {

@@ -219,7 +219,11 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
         md.contains("| per output token, warm (median, n=6) |"),
         "{md}"
     );
-    assert!(md.contains("Every gate passed"), "{md}");
+    // Without a GPU the clock gate is not applicable, which is not a pass.
+    assert!(
+        md.contains("No gate refused; 3 verdict(s) above are not applicable"),
+        "{md}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -229,6 +233,124 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     assert!(std::fs::read_to_string(log)
         .unwrap()
         .contains("fake leg pid "));
+}
+
+#[test]
+fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_so() {
+    let f = Fixture::new("", "", "[sampler]\nhost_period_ms = 10\n");
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let clock = gate(&rec, "clock", None);
+    assert_eq!(clock["verdict"], "not_applicable");
+    assert!(
+        clock["reason"].as_str().unwrap().starts_with("no GPU: "),
+        "{clock}"
+    );
+    assert_eq!(
+        gate(&rec, "gpu_straggler", Some("oracle"))["verdict"],
+        "not_applicable"
+    );
+    for leg in ["engine", "oracle"] {
+        let s = &rec["legs"][leg]["sampler"];
+        assert!(s["summary"].is_null(), "{s}");
+        assert_eq!(s["host_period_ms"], 10);
+        assert!(s["cpu_s"].as_f64().unwrap() > 0.0, "{s}");
+        let series = std::fs::read_to_string(s["series"].as_str().unwrap()).unwrap();
+        assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
+        for p in ["load", "warmup", "battery", "shutdown"] {
+            // Phase rows end with their phase; host rows go on to rss_bytes.
+            assert!(
+                series.contains(&format!(r#""phase":"{p}"}}"#)),
+                "{p}: {series}"
+            );
+        }
+        assert!(series.contains(r#"{"kind":"host""#), "{series}");
+        assert!(
+            series.contains(r#"{"kind":"cost","thread":"host""#),
+            "{series}"
+        );
+    }
+    let axis = |name: &str| {
+        rec["axes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["axis"] == name)
+            .unwrap_or_else(|| panic!("no axis {name}"))
+            .clone()
+    };
+    assert!(axis("peak GPU memory")["ours"].is_null());
+    assert_eq!(
+        axis("peak GPU memory")["words"],
+        "not measured on either leg"
+    );
+    let svg = rec["timeline"].as_str().unwrap();
+    assert!(std::fs::read_to_string(svg)
+        .unwrap()
+        .contains("no GPU data: "));
+    let md =
+        std::fs::read_to_string(Path::new(svg).with_extension("").with_extension("md")).unwrap();
+    assert!(md.contains(".timeline.svg)"), "{md}");
+    assert!(md.contains("sampler cost"), "{md}");
+}
+
+fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::sampler::Gpu>, String> {
+    use orchestrator::sampler::{FakeGpu, GpuProc, GpuState};
+    Ok(Box::new(FakeGpu {
+        states: vec![GpuState {
+            used_bytes: Some(23_000 << 20),
+            ..Default::default()
+        }],
+        procs: vec![GpuProc {
+            pid: std::process::id(),
+            used_bytes: Some(22_986 << 20),
+            compute: true,
+        }],
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
+    // GPU 7 is leased: no machine this runs on has it, so the sampler says "no GPU" while the
+    // idle check sees the fake's process table.
+    let f = Fixture::new("", "", "[lease]\ngpu = 7\n");
+    let (_, checked) = orchestrator::preflight::preflight(
+        &f.path("unit.toml"),
+        Some(f.path("python.sh").to_str().unwrap()),
+        false,
+    );
+    let opts = orchestrator::run::RunOptions {
+        records_dir: Some(f.path("records")),
+        lock_dir: Some(f.path("locks")),
+        quiet: true,
+        ..Default::default()
+    };
+    let idle = orchestrator::gates::idle::GpuIdleCheck {
+        max_used_mib: 1024,
+        open: busy_gpu,
+        settle: Duration::ZERO,
+    };
+    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle).unwrap();
+    assert_eq!(code, 2, "neither leg was measured");
+    let rec = f.record().unwrap();
+    for leg in ["engine", "oracle"] {
+        let fail = &rec["legs"][leg]["failure"];
+        assert_eq!(fail["kind"], "idle", "{fail}");
+        let msg = fail["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("GPU 7 is not idle: 1 compute process(es) on it: pid ")
+                && msg.contains(", 22986 MiB) (23000 MiB in use)"),
+            "{msg}"
+        );
+        assert!(rec["legs"][leg]["ready"].is_null());
+    }
+    let checks = rec["lease"]["idle_checks"].to_string();
+    assert!(
+        checks.contains("before the oracle leg: refused: GPU 7 is not idle"),
+        "{checks}"
+    );
 }
 
 #[test]

@@ -2,12 +2,14 @@
 //! (with what was checked), "not applicable" (with why), or a [`Refusal`] whose Display is the
 //! whole sentence a reader needs: the figures and what to do.
 //!
-//! Post-run gates implement [`Gate`] and are listed in [`post_run_gates`]; issue 5's clock and
-//! GPU-straggler gates join that list (reading sampler summaries from the leg records), and its
-//! idle gate plugs into [`crate::lease::IdleCheck`], which runs before each leg.
+//! Post-run gates implement [`Gate`] and are listed in [`post_run_gates`]; the clock and GPU
+//! straggler gates read the sampler summaries in the leg records. The idle gate plugs into
+//! [`crate::lease::IdleCheck`], which runs before each leg.
 
 pub mod build;
+pub mod clock;
 pub mod golden_config;
+pub mod idle;
 pub mod kv;
 pub mod leg;
 pub mod token;
@@ -21,7 +23,7 @@ use crate::leg::{LegFailure, LegName, LegRecord};
 use crate::protocol::Kv;
 use crate::table::fmt_num;
 use crate::unit::{Golden, Unit};
-use crate::watchdog::Straggler;
+use crate::watchdog::{GpuStraggler, Straggler};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
@@ -165,6 +167,14 @@ pub enum Refusal {
         leg: LegName,
         stragglers: Vec<Straggler>,
     },
+    GpuStragglers {
+        leg: LegName,
+        stragglers: Vec<GpuStraggler>,
+    },
+    /// One failed condition of the clock gate (gates/clock.rs).
+    Clock {
+        reason: clock::ClockReason,
+    },
 }
 
 impl Refusal {
@@ -282,6 +292,29 @@ impl fmt::Display for Refusal {
                     list.join("; ")
                 )
             }
+            Refusal::GpuStragglers { leg, stragglers } => {
+                let list: Vec<String> = stragglers
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "pid {} ({}, {}){}",
+                            s.pid,
+                            s.name,
+                            s.mib
+                                .map(|m| format!("{m} MiB"))
+                                .unwrap_or_else(|| "memory not reported".into()),
+                            if s.killed { ", killed" } else { ", could not be killed (gone or not ours)" }
+                        )
+                    })
+                    .collect();
+                write!(
+                    f,
+                    "The {leg} leg left {} process(es) holding GPU memory after its shutdown: {}; the next leg's memory figures would include them. Hint: the leg must stop its GPU workers (e.g. a vLLM EngineCore) before exiting.",
+                    stragglers.len(),
+                    list.join("; ")
+                )
+            }
+            Refusal::Clock { reason } => write!(f, "{reason}"),
         }
     }
 }
@@ -322,8 +355,8 @@ pub trait Gate {
     fn judge(&self, input: &GateInput) -> Vec<GateResult>;
 }
 
-/// The gates of this issue, in the order their verdicts are printed. Issue 5 appends clock and
-/// GPU straggler gates here.
+/// The gates, in the order their verdicts are printed. The idle gate is not here: it runs
+/// before each leg (gates/idle.rs, through `lease::IdleCheck`).
 pub fn post_run_gates() -> Vec<Box<dyn Gate>> {
     vec![
         Box::new(leg::LegGate),
@@ -332,6 +365,8 @@ pub fn post_run_gates() -> Vec<Box<dyn Gate>> {
         Box::new(kv::KvGate),
         Box::new(build::BuildGate),
         Box::new(leg::StragglerGate),
+        Box::new(leg::GpuStragglerGate),
+        Box::new(clock::ClockGate),
     ]
 }
 

@@ -292,6 +292,9 @@ mod tests {
             exit_status: Some(0),
             failure: None,
             host_mem: Default::default(),
+            sampler: Default::default(),
+            gpu_stragglers: vec![],
+            gpu_checked: false,
             prior_starts: vec![],
         }
     }

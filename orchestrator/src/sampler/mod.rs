@@ -1,0 +1,753 @@
+//! Samplers that run beside each leg, each on a thread of its own so that watching a leg never
+//! sits on its critical path: the GPU through NVML (clocks, power, temperature, throttle
+//! reasons, persistence, per-process memory, and utilization from the driver's own sample
+//! buffer) and host memory of the leg's process tree through sysinfo. The orchestrator marks the
+//! leg's phases on a shared [`PhaseMarker`]; every row carries the phase it fell in. The series
+//! is kept beside the record as JSON lines (`<stem>.<leg>.samples.jsonl`, docs/RECORD.md), the
+//! summary goes into the leg record, and the threads' own CPU time is measured and reported.
+//!
+//! No NVML (no GPU, no driver) is said once, and the GPU gates then say "not applicable: no GPU".
+
+pub mod gpu;
+pub mod host;
+pub mod nvml;
+pub mod summary;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use gpu::{FakeGpu, Gpu, GpuInfo, GpuProc, GpuState};
+pub use host::{thread_cpu_s, HostMemSummary};
+pub use summary::GpuSummary;
+
+/// Microseconds since the epoch: the clock NVML stamps its utilization samples with.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The kernel's boot id: two legs on different boots are not on a comparable GPU.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The leg's phase as the orchestrator last marked it, shared with the sampler threads. Marks
+/// are kept with their times so that samples the driver stamped earlier (the utilization
+/// buffer is read in batches) are attributed to the phase they really fell in.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseMarker(Arc<Mutex<Vec<(u64, String)>>>);
+
+impl PhaseMarker {
+    pub fn set(&self, phase: &str) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((now_us(), phase.to_string()));
+        }
+    }
+    pub fn marks(&self) -> Vec<(u64, String)> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+    /// The phase in force at `t_us` ("start" before the first mark).
+    pub fn at(&self, t_us: u64) -> String {
+        phase_at(&self.marks(), t_us)
+    }
+}
+
+fn phase_at(marks: &[(u64, String)], t_us: u64) -> String {
+    marks
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= t_us)
+        .map(|(_, p)| p.clone())
+        .unwrap_or_else(|| "start".into())
+}
+
+/// A process's GPU memory in one poll.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcMem {
+    pub pid: u32,
+    pub bytes: u64,
+}
+
+/// One line of a series file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Row {
+    /// The first line: what was sampled, and on which boot.
+    Meta {
+        leg: String,
+        gpu: Option<GpuInfo>,
+        /// Why there is no GPU data, when there is none.
+        no_gpu: Option<String>,
+        boot_id: Option<String>,
+        nvml_period_ms: u64,
+        host_period_ms: u64,
+    },
+    /// The orchestrator entered `phase` at `t_us`.
+    Phase { t_us: u64, phase: String },
+    /// One NVML poll. `procs` (the leg's processes holding GPU memory) is polled less often
+    /// than the clocks, so it is absent on most rows.
+    Gpu {
+        t_us: u64,
+        phase: String,
+        sm_mhz: Option<u32>,
+        mem_mhz: Option<u32>,
+        power_mw: Option<u32>,
+        temp_c: Option<u32>,
+        throttle: Option<u64>,
+        persistence: Option<bool>,
+        used_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        procs: Option<Vec<ProcMem>>,
+    },
+    /// One utilization sample: `source` "buffer" (the driver's sample buffer, stamped by the
+    /// driver) or "poll" (the instantaneous reading, where the buffer is unsupported).
+    Util {
+        t_us: u64,
+        phase: String,
+        pct: u32,
+        source: String,
+    },
+    /// Host RSS of the leg's process tree.
+    Host {
+        t_us: u64,
+        phase: String,
+        rss_bytes: u64,
+    },
+    /// A sampler thread's own cost, written when it stops.
+    Cost {
+        thread: String,
+        cpu_s: f64,
+        wall_s: f64,
+        polls: u64,
+    },
+}
+
+impl Row {
+    pub fn t_us(&self) -> Option<u64> {
+        match self {
+            Row::Phase { t_us, .. }
+            | Row::Gpu { t_us, .. }
+            | Row::Util { t_us, .. }
+            | Row::Host { t_us, .. } => Some(*t_us),
+            _ => None,
+        }
+    }
+}
+
+/// How to sample a leg ([sampler] in the unit, docs/UNIT.md).
+#[derive(Debug, Clone)]
+pub struct SamplerSpec {
+    /// The leased GPU; None: host memory only (a CPU lease).
+    pub gpu: Option<u32>,
+    pub nvml_period_ms: u64,
+    pub host_period_ms: u64,
+    /// Where the series goes; None: kept in memory only.
+    pub series: Option<PathBuf>,
+}
+
+impl Default for SamplerSpec {
+    fn default() -> Self {
+        SamplerSpec {
+            gpu: None,
+            nvml_period_ms: 20,
+            host_period_ms: 100,
+            series: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ThreadCost {
+    pub thread: String,
+    pub cpu_s: f64,
+    pub wall_s: f64,
+    pub polls: u64,
+}
+
+/// What the samplers saw during one leg, as the record keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SamplerReport {
+    /// The series file, when one was written.
+    pub series: Option<PathBuf>,
+    pub gpu: Option<GpuInfo>,
+    /// Why there is no GPU data ("no GPU leased", "NVML is not available (...)").
+    pub no_gpu: Option<String>,
+    pub boot_id: Option<String>,
+    pub nvml_period_ms: u64,
+    pub host_period_ms: u64,
+    pub summary: Option<GpuSummary>,
+    /// The samplers' own CPU time, per thread and in all; `cpu_share` is cpu_s over the leg's
+    /// wall time (0.01 = one percent of one core).
+    pub cost: Vec<ThreadCost>,
+    pub cpu_s: f64,
+    pub wall_s: f64,
+    pub cpu_share: f64,
+    /// Every pid of the leg seen holding GPU memory: the GPU straggler check looks for these.
+    pub gpu_pids_seen: Vec<u32>,
+}
+
+/// Which processes are the leg's: its process group (pgid = the leg's pid), the leg's
+/// descendants, and the pids it announced in `ready.pids` (a server may start a process in a
+/// session of its own). None: every process (`clock sample`, which watches the whole GPU).
+#[derive(Debug, Clone, Default)]
+pub struct LegPids {
+    pub root: Option<u32>,
+    pub announced: Arc<Mutex<Vec<u32>>>,
+}
+
+impl LegPids {
+    pub fn belongs(&self, pid: u32) -> bool {
+        let Some(root) = self.root else {
+            return true;
+        };
+        if pid == root
+            || self
+                .announced
+                .lock()
+                .map(|v| v.contains(&pid))
+                .unwrap_or(false)
+        {
+            return true;
+        }
+        if matches!(crate::watchdog::stat_state_pgid(pid as i32), Some((_, pg)) if pg == root as i32)
+        {
+            return true;
+        }
+        // A descendant that left the group: walk up the parents (bounded against cycles).
+        let mut cur = pid;
+        for _ in 0..64 {
+            match parent_of(cur) {
+                Some(p) if p == root => return true,
+                Some(p) if p > 1 => cur = p,
+                _ => return false,
+            }
+        }
+        false
+    }
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct GpuOut {
+    rows: Vec<Row>,
+    cost: ThreadCost,
+    seen: BTreeSet<u32>,
+}
+
+struct HostOut {
+    rows: Vec<Row>,
+    cost: ThreadCost,
+    peak: u64,
+    samples: u64,
+}
+
+/// The samplers of one leg, running until [`LegSampler::finish`].
+pub struct LegSampler {
+    leg: String,
+    spec: SamplerSpec,
+    stop: Arc<AtomicBool>,
+    gpu_thread: Option<JoinHandle<GpuOut>>,
+    host_thread: Option<JoinHandle<HostOut>>,
+    pub phase: PhaseMarker,
+    pub pids: LegPids,
+    info: Option<GpuInfo>,
+    no_gpu: Option<String>,
+    boot_id: Option<String>,
+    started: Instant,
+}
+
+/// What finishing a sampler gives back: the report, the host summary and the rows themselves.
+pub struct Sampled {
+    pub report: SamplerReport,
+    pub host_mem: HostMemSummary,
+    pub rows: Vec<Row>,
+}
+
+impl LegSampler {
+    /// Starts sampling the leg whose process (and group) is `root`, on the GPU the spec names.
+    pub fn start(leg: &str, root: Option<u32>, spec: &SamplerSpec) -> LegSampler {
+        let gpu = match spec.gpu {
+            Some(i) => nvml::open(i),
+            None => Err("no GPU leased (the run holds the cpu lease)".into()),
+        };
+        LegSampler::start_with(leg, root, spec, gpu)
+    }
+
+    /// As [`LegSampler::start`], on a GPU the caller opened (tests pass a [`FakeGpu`]).
+    pub fn start_with(
+        leg: &str,
+        root: Option<u32>,
+        spec: &SamplerSpec,
+        gpu: Result<Box<dyn Gpu>, String>,
+    ) -> LegSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let phase = PhaseMarker::default();
+        let pids = LegPids {
+            root,
+            announced: Arc::default(),
+        };
+        let (info, no_gpu) = match &gpu {
+            Ok(g) => (Some(g.info()), None),
+            Err(e) => (None, Some(e.clone())),
+        };
+        // Said once per process, not once per leg: the record says it per leg anyway.
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if let Some(why) = &no_gpu {
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
+            }
+        }
+        let gpu_thread = gpu.ok().map(|g| {
+            let (stop, phase, pids) = (stop.clone(), phase.clone(), pids.clone());
+            let period = Duration::from_millis(spec.nvml_period_ms.max(1));
+            std::thread::Builder::new()
+                .name(format!("nvml-{leg}"))
+                .spawn(move || gpu_loop(g, period, &stop, &phase, &pids))
+                .expect("spawning the NVML sampler thread")
+        });
+        let host_thread = root.map(|root| {
+            let (stop, phase) = (stop.clone(), phase.clone());
+            let period = Duration::from_millis(spec.host_period_ms.max(1));
+            std::thread::Builder::new()
+                .name(format!("hostmem-{leg}"))
+                .spawn(move || host_loop(root, period, &stop, &phase))
+                .expect("spawning the host memory sampler thread")
+        });
+        LegSampler {
+            leg: leg.to_string(),
+            spec: spec.clone(),
+            stop,
+            gpu_thread,
+            host_thread,
+            phase,
+            pids,
+            info,
+            no_gpu,
+            boot_id: boot_id(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The pids the leg announced in `ready.pids`, so their GPU memory counts as the leg's.
+    pub fn announce(&self, pids: &[u32]) {
+        if let Ok(mut v) = self.pids.announced.lock() {
+            v.extend_from_slice(pids);
+        }
+    }
+
+    /// Why there is no GPU data, if there is none.
+    pub fn no_gpu(&self) -> Option<&str> {
+        self.no_gpu.as_deref()
+    }
+
+    /// Stops the threads, writes the series (when the spec names a file) and summarizes.
+    pub fn finish(mut self) -> Sampled {
+        self.stop.store(true, Ordering::Relaxed);
+        let wall_s = self.started.elapsed().as_secs_f64();
+        let g = self.gpu_thread.take().and_then(|h| h.join().ok());
+        let h = self.host_thread.take().and_then(|h| h.join().ok());
+        let mut rows = vec![Row::Meta {
+            leg: self.leg.clone(),
+            gpu: self.info.clone(),
+            no_gpu: self.no_gpu.clone(),
+            boot_id: self.boot_id.clone(),
+            nvml_period_ms: self.spec.nvml_period_ms,
+            host_period_ms: self.spec.host_period_ms,
+        }];
+        let mut body: Vec<Row> = self
+            .phase
+            .marks()
+            .into_iter()
+            .map(|(t_us, phase)| Row::Phase { t_us, phase })
+            .collect();
+        let mut cost = vec![];
+        let mut seen = BTreeSet::new();
+        let mut host_mem = HostMemSummary {
+            period_ms: self.spec.host_period_ms,
+            ..Default::default()
+        };
+        if let Some(g) = g {
+            body.extend(g.rows);
+            cost.push(g.cost);
+            seen = g.seen;
+        }
+        if let Some(h) = h {
+            body.extend(h.rows);
+            cost.push(h.cost);
+            host_mem.peak_rss_bytes = h.peak;
+            host_mem.samples = h.samples;
+        }
+        // Stable: rows of one thread keep their order where two share a timestamp.
+        body.sort_by_key(|r| r.t_us().unwrap_or(0));
+        rows.extend(body);
+        rows.extend(cost.iter().map(|c| Row::Cost {
+            thread: c.thread.clone(),
+            cpu_s: c.cpu_s,
+            wall_s: c.wall_s,
+            polls: c.polls,
+        }));
+        let mut series = None;
+        if let Some(path) = &self.spec.series {
+            match write_series(path, &rows) {
+                Ok(()) => series = Some(path.clone()),
+                Err(e) => eprintln!(
+                    "[{}] sampler: cannot write the series {} ({e}); the summary is still recorded",
+                    self.leg,
+                    path.display()
+                ),
+            }
+        }
+        let cpu_s: f64 = cost.iter().map(|c| c.cpu_s).sum();
+        let report = SamplerReport {
+            series,
+            gpu: self.info.clone(),
+            no_gpu: self.no_gpu.clone(),
+            boot_id: self.boot_id.clone(),
+            nvml_period_ms: self.spec.nvml_period_ms,
+            host_period_ms: self.spec.host_period_ms,
+            summary: self.info.as_ref().map(|_| summary::summarize(&rows)),
+            cost,
+            cpu_s,
+            wall_s,
+            cpu_share: if wall_s > 0.0 { cpu_s / wall_s } else { 0.0 },
+            gpu_pids_seen: seen.into_iter().collect(),
+        };
+        Sampled {
+            report,
+            host_mem,
+            rows,
+        }
+    }
+}
+
+impl Drop for LegSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Sleeps to the next tick of a fixed grid, so a slow poll does not stretch the period.
+fn sleep_until(next: &mut Instant, period: Duration) {
+    *next += period;
+    let now = Instant::now();
+    if *next > now {
+        std::thread::sleep(*next - now);
+    } else {
+        *next = now; // fell behind: do not burst to catch up
+    }
+}
+
+fn gpu_loop(
+    mut g: Box<dyn Gpu>,
+    period: Duration,
+    stop: &AtomicBool,
+    phase: &PhaseMarker,
+    pids: &LegPids,
+) -> GpuOut {
+    let t0 = Instant::now();
+    let c0 = thread_cpu_s();
+    let mut rows = vec![];
+    let mut seen = BTreeSet::new();
+    // The buffer is read only for samples after the leg started; reading it every ~200 ms
+    // keeps the call count low (it holds seconds of samples).
+    let mut since = now_us();
+    let period_ms = period.as_millis().max(1) as u64;
+    let util_every = (200 / period_ms).max(1);
+    let procs_every = (100 / period_ms).max(1);
+    let mut buffer_ok = true;
+    let mut polls = 0u64;
+    let mut next = Instant::now();
+    let drain = |g: &mut Box<dyn Gpu>, rows: &mut Vec<Row>, since: &mut u64, ok: &mut bool| {
+        if !*ok {
+            return;
+        }
+        match g.utilization_samples(*since) {
+            Ok(v) => {
+                let marks = phase.marks();
+                for (t, pct) in v {
+                    if t > *since {
+                        *since = t;
+                    }
+                    rows.push(Row::Util {
+                        t_us: t,
+                        phase: phase_at(&marks, t),
+                        pct,
+                        source: "buffer".into(),
+                    });
+                }
+            }
+            Err(_) => *ok = false, // fall back to polling, below
+        }
+    };
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        let t_us = now_us();
+        let cur = phase_at(&phase.marks(), t_us);
+        let s = g.state();
+        let procs = (polls % procs_every == 0).then(|| {
+            g.processes()
+                .into_iter()
+                .filter(|p| pids.belongs(p.pid))
+                .map(|p| {
+                    seen.insert(p.pid);
+                    ProcMem {
+                        pid: p.pid,
+                        bytes: p.used_bytes.unwrap_or(0),
+                    }
+                })
+                .collect()
+        });
+        rows.push(Row::Gpu {
+            t_us,
+            phase: cur.clone(),
+            sm_mhz: s.sm_mhz,
+            mem_mhz: s.mem_mhz,
+            power_mw: s.power_mw,
+            temp_c: s.temp_c,
+            throttle: s.throttle,
+            persistence: s.persistence,
+            used_bytes: s.used_bytes,
+            procs,
+        });
+        if polls % util_every == 0 || stopping {
+            drain(&mut g, &mut rows, &mut since, &mut buffer_ok);
+        }
+        if !buffer_ok {
+            if let Some(pct) = g.utilization_now() {
+                rows.push(Row::Util {
+                    t_us,
+                    phase: cur,
+                    pct,
+                    source: "poll".into(),
+                });
+            }
+        }
+        polls += 1;
+        if stopping {
+            break;
+        }
+        sleep_until(&mut next, period);
+    }
+    GpuOut {
+        rows,
+        cost: ThreadCost {
+            thread: "nvml".into(),
+            cpu_s: thread_cpu_s() - c0,
+            wall_s: t0.elapsed().as_secs_f64(),
+            polls,
+        },
+        seen,
+    }
+}
+
+fn host_loop(root: u32, period: Duration, stop: &AtomicBool, phase: &PhaseMarker) -> HostOut {
+    let t0 = Instant::now();
+    let c0 = thread_cpu_s();
+    let mut sys = sysinfo::System::new();
+    let mut out = HostOut {
+        rows: vec![],
+        cost: ThreadCost::default(),
+        peak: 0,
+        samples: 0,
+    };
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let rss = host::tree_rss(&mut sys, root);
+        let t_us = now_us();
+        out.rows.push(Row::Host {
+            t_us,
+            phase: phase.at(t_us),
+            rss_bytes: rss,
+        });
+        out.samples += 1;
+        out.peak = out.peak.max(rss);
+        sleep_until(&mut next, period);
+    }
+    out.cost = ThreadCost {
+        thread: "host".into(),
+        cpu_s: thread_cpu_s() - c0,
+        wall_s: t0.elapsed().as_secs_f64(),
+        polls: out.samples,
+    };
+    out
+}
+
+pub fn write_series(path: &Path, rows: &[Row]) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?,
+    );
+    for r in rows {
+        serde_json::to_writer(&mut f, r)?;
+        f.write_all(b"\n")?;
+    }
+    f.flush()
+}
+
+pub fn read_series(path: &Path) -> Result<Vec<Row>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the series {} ({e}); pass a file written by `orchestrator clock sample` or a run's <stem>.<leg>.samples.jsonl",
+            path.display()
+        )
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| format!("{} line {}: not a series row ({e})", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// `orchestrator clock sample`: samples GPU `gpu` (every process on it) for `seconds`, writes the
+/// series to `out` and prints the summary. Exit 0, or 2 when there is no GPU to sample.
+pub fn sample_command(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -> i32 {
+    let spec = SamplerSpec {
+        gpu: Some(gpu),
+        nvml_period_ms,
+        host_period_ms: 100,
+        series: Some(out.to_path_buf()),
+    };
+    // Opened here rather than in the sampler, so that "no GPU" is said once, as this error.
+    let g = match nvml::open(gpu) {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("orchestrator clock sample: {why}; nothing was sampled");
+            return 2;
+        }
+    };
+    let s = LegSampler::start_with("sample", None, &spec, Ok(g));
+    s.phase.set("sample");
+    std::thread::sleep(Duration::from_secs_f64(seconds.max(0.0)));
+    let done = s.finish();
+    match &done.report.series {
+        Some(p) => println!("series: {}", p.display()),
+        None => return 2,
+    }
+    if let Some(sum) = &done.report.summary {
+        println!("{sum}");
+    }
+    println!(
+        "sampler cost: {:.3} s CPU over {:.1} s ({:.2}% of one core)",
+        done.report.cpu_s,
+        done.report.wall_s,
+        done.report.cpu_share * 100.0
+    );
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(util: Vec<(u64, u32)>) -> Box<dyn Gpu> {
+        Box::new(FakeGpu {
+            info: GpuInfo {
+                index: 0,
+                name: Some("Fake H200".into()),
+                ..Default::default()
+            },
+            states: vec![GpuState {
+                sm_mhz: Some(1980),
+                mem_mhz: Some(3201),
+                power_mw: Some(120_000),
+                temp_c: Some(40),
+                throttle: Some(0),
+                persistence: Some(true),
+                used_bytes: Some(5 << 30),
+            }],
+            util,
+            procs: vec![GpuProc {
+                pid: std::process::id(),
+                used_bytes: Some(3 << 30),
+                compute: true,
+            }],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_leg_is_sampled_by_phase_written_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.engine.samples.jsonl");
+        let spec = SamplerSpec {
+            gpu: Some(0),
+            nvml_period_ms: 5,
+            host_period_ms: 10,
+            series: Some(path.clone()),
+        };
+        let t = now_us();
+        // Busy in the battery, which starts ~30 ms in: the buffer is stamped by the "driver".
+        let util: Vec<(u64, u32)> = (0..100).map(|i| (t + 40_000 + i * 1000, 80)).collect();
+        let me = std::process::id();
+        let s = LegSampler::start_with("engine", Some(me), &spec, Ok(fake(util)));
+        s.phase.set("load");
+        std::thread::sleep(Duration::from_millis(30));
+        s.phase.set("battery");
+        std::thread::sleep(Duration::from_millis(150));
+        s.phase.set("shutdown");
+        std::thread::sleep(Duration::from_millis(20));
+        let done = s.finish();
+        let r = &done.report;
+        assert_eq!(r.series.as_deref(), Some(path.as_path()));
+        assert_eq!(r.gpu_pids_seen, vec![me]);
+        assert!(done.host_mem.peak_rss_bytes > 0);
+        assert!(
+            r.cost.iter().any(|c| c.thread == "nvml" && c.polls > 5),
+            "{:?}",
+            r.cost
+        );
+        let sum = r.summary.as_ref().unwrap();
+        assert_eq!(sum.window, "battery");
+        assert_eq!(sum.busy_fraction, Some(1.0), "{sum:?}");
+        assert_eq!(sum.peak_gpu_mem_bytes, Some(3 << 30));
+        assert_eq!(sum.sm_mhz.as_ref().unwrap().median, 1980.0);
+        let back = read_series(&path).unwrap();
+        // Cost rows hold CPU seconds, which serde_json reads back only to within an ulp.
+        let no_cost = |v: &[Row]| -> Vec<Row> {
+            v.iter()
+                .filter(|r| !matches!(r, Row::Cost { .. }))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(no_cost(&back), no_cost(&done.rows));
+        assert_eq!(back.len(), done.rows.len());
+        assert!(matches!(back[0], Row::Meta { .. }));
+        assert!(back
+            .iter()
+            .any(|r| matches!(r, Row::Util { phase, .. } if phase == "battery")));
+    }
+
+    #[test]
+    fn no_gpu_is_said_and_host_memory_still_sampled() {
+        let spec = SamplerSpec {
+            host_period_ms: 10,
+            ..Default::default()
+        };
+        let s = LegSampler::start("engine", Some(std::process::id()), &spec);
+        assert!(s.no_gpu().unwrap().contains("no GPU leased"));
+        std::thread::sleep(Duration::from_millis(40));
+        let done = s.finish();
+        assert!(done.report.summary.is_none());
+        assert!(done.host_mem.samples >= 1);
+        assert!(done.host_mem.peak_rss_bytes > 1 << 20);
+    }
+}
