@@ -3,6 +3,7 @@
 //! (ratios span orders of magnitude, and 2x slower must look as far from parity as 2x faster).
 //! Every coordinate is printed with fixed decimals, so the same points give the same bytes.
 
+use crate::svg::esc;
 /// One line of the chart.
 pub struct Series {
     pub name: String,
@@ -19,13 +20,6 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 200.0;
 const TOP: f64 = 30.0;
 const BOTTOM: f64 = 40.0;
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 fn label(r: f64) -> String {
     format!("{}x", crate::table::fmt_num(r))

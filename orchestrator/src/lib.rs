@@ -16,6 +16,7 @@ pub mod report;
 pub mod run;
 pub mod sampler;
 pub mod stats;
+pub mod svg;
 pub mod table;
 pub mod timeline;
 pub mod timing;

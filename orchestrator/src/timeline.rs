@@ -2,6 +2,7 @@
 //! the GPU utilization over time, the phases shaded, and the run's refusals written under it.
 //! Hand-written SVG: a few rectangles and polylines do not justify a plotting dependency.
 
+use crate::svg::esc;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -16,13 +17,6 @@ const TOP: f64 = 30.0;
 const PLOT_H: f64 = 160.0;
 /// Enough points for a 1000-pixel-wide line; longer series are thinned by a stride.
 const MAX_POINTS: usize = 2000;
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 fn phase_colour(p: &str) -> &'static str {
     match p {
