@@ -372,10 +372,10 @@ pub struct LegRun {
     quiet: bool,
 }
 
-impl LegRun {
-    /// Starts the leg. A spawn failure is recorded as a load failure, not returned.
-    pub fn spawn(spec: &LegSpec, wd: &WatchdogCfg, quiet: bool) -> LegRun {
-        let record = LegRecord {
+impl LegRecord {
+    /// The record of a leg that has not started yet.
+    pub fn new(spec: &LegSpec) -> Self {
+        LegRecord {
             leg: spec.leg,
             argv: spec.argv.clone(),
             log: spec.log_path.clone(),
@@ -391,7 +391,14 @@ impl LegRun {
             gpu_stragglers: vec![],
             gpu_checked: false,
             prior_starts: vec![],
-        };
+        }
+    }
+}
+
+impl LegRun {
+    /// Starts the leg. A spawn failure is recorded as a load failure, not returned.
+    pub fn spawn(spec: &LegSpec, wd: &WatchdogCfg, quiet: bool) -> LegRun {
+        let record = LegRecord::new(spec);
         let mut run = LegRun {
             record,
             proc: None,

@@ -111,26 +111,13 @@ fn lease_target(unit: &Unit) -> LeaseTarget {
 /// A leg that was never started (the idle check refused it).
 fn not_started(spec: &LegSpec, why: String) -> LegRecord {
     LegRecord {
-        leg: spec.leg,
-        argv: spec.argv.clone(),
-        log: spec.log_path.clone(),
-        ready: None,
-        phases: vec![],
-        requests: vec![],
-        watchdog: None,
-        stragglers: vec![],
-        exit_status: None,
         failure: Some(LegFailure {
             phase: Phase::Load,
             kind: "idle".into(),
             message: why,
             stderr_tail: vec![],
         }),
-        host_mem: Default::default(),
-        sampler: Default::default(),
-        gpu_stragglers: vec![],
-        gpu_checked: false,
-        prior_starts: vec![],
+        ..LegRecord::new(spec)
     }
 }
 
