@@ -2,21 +2,14 @@
 //! refusal in the record, with the right exit status. Every test uses its own temporary records
 //! and lock directories, so nothing is written into the repository.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
-
-fn fake_leg() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_leg.py")
-}
-
-/// The fake's tokens, as tests/fake_leg.py computes them.
-fn token(prompt: &[u32], i: u32) -> u32 {
-    (prompt.iter().sum::<u32>() * 7 + i * 3) % 500 + 10
-}
 
 const PROMPTS: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6, 7, 8, 9]];
 
@@ -30,59 +23,7 @@ impl Fixture {
     fn new(engine_args: &str, oracle_args: &str, extra: &str) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::create_dir_all(d.join("model")).unwrap();
-        std::fs::write(
-            d.join("model/config.json"),
-            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}"#,
-        )
-        .unwrap();
-        let hdr = br#"{"model.layers.0.w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
-        let mut st = (hdr.len() as u64).to_le_bytes().to_vec();
-        st.extend_from_slice(hdr);
-        st.extend_from_slice(&[0; 4]);
-        std::fs::write(d.join("model/model.safetensors"), st).unwrap();
-        let prompts: Vec<Value> = PROMPTS
-            .iter()
-            .enumerate()
-            .map(|(i, p)| serde_json::json!({"id": format!("p{i}"), "tokens": p}))
-            .collect();
-        std::fs::write(
-            d.join("prompts.json"),
-            serde_json::json!({"schema": 1, "prompts": prompts}).to_string(),
-        )
-        .unwrap();
-        let outputs: Vec<Value> = PROMPTS
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let toks: Vec<u32> = (0..8).map(|j| token(p, j)).collect();
-                serde_json::json!({"id": format!("p{i}"), "tokens": toks, "margins": vec![0.5; 8]})
-            })
-            .collect();
-        std::fs::write(
-            d.join("golden.json"),
-            serde_json::json!({"schema": 1, "max_tokens": 8, "ignore_eos": true,
-                "capture": {"backend": "fake", "device": "cpu", "dtype": "float32", "resolved": {"fake": true}},
-                "outputs": outputs})
-            .to_string(),
-        )
-        .unwrap();
-        let wrapper = |name: &str, args: &str| {
-            let p = d.join(name);
-            std::fs::write(
-                &p,
-                format!(
-                    "#!/bin/sh\nexec python3 {} {args} \"$@\"\n",
-                    fake_leg().display()
-                ),
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-            p
-        };
-        let engine = wrapper("engine.sh", engine_args);
-        wrapper("python.sh", oracle_args);
+        let engine = common::write_fake_unit(d, &PROMPTS, engine_args, oracle_args);
         std::fs::write(
             d.join("unit.toml"),
             format!(

@@ -2,65 +2,17 @@
 //! synthetic ones: two runs of the fake legs (tests/fake_leg.py), one clean and one whose
 //! engine gives wrong tokens, then both commands over them.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
-/// A unit whose legs are the fake (as tests/faults.rs builds it, trimmed); `engine_args` go to
-/// the engine's fake.
+/// A unit whose legs are the fake, with two prompts; `engine_args` go to the engine's fake.
 fn unit(d: &Path, engine_args: &str) {
-    std::fs::create_dir_all(d.join("model")).unwrap();
-    std::fs::write(
-        d.join("model/config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}"#,
-    )
-    .unwrap();
-    let hdr = br#"{"model.layers.0.w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
-    let mut st = (hdr.len() as u64).to_le_bytes().to_vec();
-    st.extend_from_slice(hdr);
-    st.extend_from_slice(&[0; 4]);
-    std::fs::write(d.join("model/model.safetensors"), st).unwrap();
-    let prompts: [&[u32]; 2] = [&[1, 2, 3], &[4, 5]];
-    let token = |p: &[u32], i: u32| (p.iter().sum::<u32>() * 7 + i * 3) % 500 + 10;
-    let ps: Vec<Value> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| serde_json::json!({"id": format!("p{i}"), "tokens": p}))
-        .collect();
-    std::fs::write(
-        d.join("prompts.json"),
-        serde_json::json!({"schema": 1, "prompts": ps}).to_string(),
-    )
-    .unwrap();
-    let outs: Vec<Value> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let t: Vec<u32> = (0..8).map(|j| token(p, j)).collect();
-            serde_json::json!({"id": format!("p{i}"), "tokens": t})
-        })
-        .collect();
-    std::fs::write(
-        d.join("golden.json"),
-        serde_json::json!({"schema": 1, "max_tokens": 8, "ignore_eos": true,
-            "capture": {"backend": "fake", "device": "cpu", "dtype": "float32", "resolved": {"fake": true}},
-            "outputs": outs})
-        .to_string(),
-    )
-    .unwrap();
-    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_leg.py");
-    for (name, args) in [("engine.sh", engine_args), ("python.sh", "")] {
-        let p = d.join(name);
-        std::fs::write(
-            &p,
-            format!("#!/bin/sh\nexec python3 {} {args} \"$@\"\n", fake.display()),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    common::write_fake_unit(d, &[&[1, 2, 3], &[4, 5]], engine_args, "");
     std::fs::write(
         d.join("unit.toml"),
         format!(
