@@ -46,8 +46,10 @@ for mode in graphs-mp graphs-inproc eager-inproc; do
     log "vLLM 1B: $mode"
     extra=()
     envs=()
+    # Explicit both ways: the oracle's own default is in-process (docs/ORACLE.md).
     case $mode in
         *inproc) envs=(VLLM_ENABLE_V1_MULTIPROCESSING=0) ;;
+        *mp) envs=(VLLM_ENABLE_V1_MULTIPROCESSING=1) ;;
     esac
     case $mode in eager*) extra=(--enforce-eager) ;; esac
     env "${envs[@]}" timeout 400 python3 scripts/oracle-bench.py --model $ck --label "$mode" \
