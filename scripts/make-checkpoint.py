@@ -8,10 +8,22 @@ token-exactness (random logits are nearly flat; see goldens/tiny-trained for tha
     python3 scripts/make-checkpoint.py --model llama-3.2-1b --out /tmp/ckpt/llama-3.2-1b
     python3 scripts/make-checkpoint.py --list
 
-Weights: normal(0, initializer_range) for every matrix, ones for norms, zeros for biases (as
-transformers initialises them), drawn per tensor from a generator seeded with (seed, name), in
-bf16, sharded the way the real checkpoint is (one file, or ~5 GB shards with an index).
-Idempotent: a complete checkpoint at --out is left alone.
+    python3 scripts/make-checkpoint.py --model llama-3.1-8b --config-only   # config.json to stdout
+
+Weights: mean 0, standard deviation initializer_range for every matrix, ones for norms, zeros
+for biases (as transformers initialises them), in bf16, sharded the way the real checkpoint is
+(one file, or ~5 GB shards named model-0000N-of-0000M.safetensors with an index).
+
+The numbers are the same bits on any device: element i of tensor `name` is a function of
+(seed, name, i) alone, computed with exact integer arithmetic (a 32-bit integer hash, lowbias32,
+kept below 2**49 so no int64 op overflows) and one float32 multiply, then rounded to bf16. Each
+value is an Irwin-Hall sum of four 16-bit uniforms (approximately normal, bounded at +-3.46
+sigma). torch's own CUDA generator would not do: its stream depends on the GPU's SM count, so a
+checkpoint made on another GPU (or on the CPU) would not be the one a golden was captured on.
+So the files are byte-identical wherever they are made, and goldens/<unit>/checkpoint.sha256
+can pin them. On a GPU the numbers are drawn on the GPU (an 8B checkpoint in seconds, plus the
+disk write); on the CPU they take minutes.
+Idempotent: a complete checkpoint at --out (its .complete marker) is left alone.
 """
 import argparse
 import hashlib
@@ -153,15 +165,56 @@ def tensors(cfg):
     return out
 
 
+M32 = 0xFFFFFFFF
+# std of an Irwin-Hall sum of four uniforms on 0..65535: sqrt(4 * (65536**2 - 1) / 12).
+IH4_STD = ((65536**2 - 1) / 3) ** 0.5
+CHUNK = 1 << 24  # elements per step on the CPU; 1 << 27 on a GPU
+
+
+def _mul32(torch, x, c):
+    """(x * c) mod 2**32 for x < 2**32 in int64, with no intermediate above 2**49."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & M32
+
+
+def _hash32(torch, x):
+    """lowbias32 (Chris Wellons' 32-bit integer hash) on int64 holding values below 2**32."""
+    x = x ^ (x >> 16)
+    x = _mul32(torch, x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(torch, x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def tensor_key(seed, name):
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little")
+
+
+def draw(torch, n, key, std, device):
+    """n bf16 values, mean 0 and standard deviation std; the same bits on every device."""
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    chunk = CHUNK if device == "cpu" else CHUNK * 8
+    scale = torch.tensor(std / IH4_STD, dtype=torch.float32, device=device)
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        i = torch.arange(start, start + m, dtype=torch.int64, device=device)
+        # Two 32-bit hashes per element: of (2i + key) and (2i + 1 + key), mod 2**32.
+        a = _hash32(torch, (2 * i + key) & M32)
+        b = _hash32(torch, (2 * i + 1 + key) & M32)
+        s = (a & 0xFFFF) + (a >> 16) + (b & 0xFFFF) + (b >> 16) - 2 * 65535
+        # |s| <= 131070 < 2**24: exact in float32; one multiply, one rounding to bf16.
+        out[start:start + m] = (s.to(torch.float32) * scale).to(torch.bfloat16)
+        del i, a, b, s
+    return out
+
+
 def make(torch, cfg, name, shape, kind, seed, device):
     if kind == "norm":
         return torch.ones(shape, dtype=torch.bfloat16)
     if kind == "bias":
         return torch.zeros(shape, dtype=torch.bfloat16)
-    key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
-    g = torch.Generator(device=device).manual_seed(key)
-    t = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-    return (t * cfg["initializer_range"]).to(torch.bfloat16).cpu()
+    t = draw(torch, _numel(shape), tensor_key(seed, name), cfg["initializer_range"], device)
+    return t.reshape(shape).cpu()
 
 
 def complete(out):
@@ -176,7 +229,15 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="where to draw the numbers (default: cuda if present)")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
+    ap.add_argument("--config-only", action="store_true",
+                    help="print the model's config.json on stdout and exit (no torch needed)")
     a = ap.parse_args()
+    if a.config_only:
+        if not a.model:
+            ap.error("--config-only needs --model")
+        json.dump(MODELS[a.model][0], sys.stdout, indent=2)
+        print()
+        return 0
     if a.list:
         for k, (cfg, _) in sorted(MODELS.items()):
             n = sum(_numel(s) for _, s, _ in tensors(cfg))
@@ -225,7 +286,8 @@ def main():
                    "do_sample": False}, f, indent=2)
     with open(os.path.join(a.out, "RANDOM_WEIGHTS.txt"), "w") as f:
         f.write(f"Random weights (seed {a.seed}) with {a.model}'s real config.json; "
-                "made by scripts/make-checkpoint.py because no model hub is reachable.\n")
+                "made by scripts/make-checkpoint.py because no model hub is reachable. "
+                "The same bits on any device (drawn here on " + device + ").\n")
     open(os.path.join(a.out, ".complete"), "w").close()
     print(f"{a.out}: {a.model}, {total / 1e9:.2f} GB in {n} file(s), {time.time() - started:.1f} s",
           file=sys.stderr)
