@@ -7,6 +7,8 @@ extern "C" __global__ void argmax_final(const float2* __restrict__ parts, int np
                                         int* __restrict__ positions, int advance) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    pdl_launch_dependents();
+    pdl_wait();
     const int b = blockIdx.x;
     float best = -INF_F;
     int idx = 0x7fffffff;

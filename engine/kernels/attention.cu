@@ -2,44 +2,100 @@
 // 0..=positions[row] through a block table (decode: one row per sequence; prefill: one row per
 // prompt token, all sharing one table). Split over the context (flash-decoding): block
 // (row, kv_head, split) covers a contiguous share of the positions for the query heads of one
-// KV group, with an online softmax; attn_combine merges the splits. How many splits a row uses
-// depends on its context length alone (one per ATT_SPLIT_MIN positions, at most gridDim.z), so
-// a row's result does not depend on the batch it is in, and one captured graph serves every
-// step: blocks past a row's split count return at once.
+// KV group. Inside a block each warp takes every ATT_WARPS-th chunk of 32 positions with an
+// online softmax of its own, and the warps are merged in shared memory; across blocks, the last
+// split of a (row, KV head) to finish merges the splits, so there is no separate combine pass.
+// How many splits a row uses depends on its context length alone (one per ATT_SPLIT_MIN
+// positions, at most gridDim.z), so a row's result does not depend on the batch it is in, and
+// one captured graph serves every step: blocks past a row's split count return at once.
 #define ATT_MAXG 8   // query heads per KV head
 #define ATT_MAXT 4   // head_dim <= 128: lane holds dims lane + 32 t
-#define ATT_SPLIT_MIN 32
+#define ATT_WARPS 4  // warps per block (plan.rs ATT_THREADS = 32 x this)
+#define ATT_SPLIT_MIN (32 * ATT_WARPS)
+
+__device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t at, float v) {
+    if (out_f32) out_f32[at] = v;
+    if (out_bf16) out_bf16[at] = f2bf(v);
+}
 
 __device__ __forceinline__ int att_splits(int ctx, int max_splits) {
     return min(max_splits, max(1, (ctx + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN));
 }
 
-// One warp per block. Scores: a lane per position (the whole K row, 16-byte loads, against the
-// group's queries in shared memory, so no shuffles per dot product); softmax across the warp;
-// values: lanes across the head dimension, each position's weight broadcast by a shuffle.
+// Scores: a lane per position (the whole K row, 16-byte loads, against the group's queries in
+// shared memory, so no shuffles per dot product); softmax across the warp; values: lanes across
+// the head dimension, each position's weight broadcast by a shuffle.
 // part_o: [rows][H][S][D] f32 (unnormalised), part_ml: [rows][H][S][2] (max, sum); S = gridDim.z.
-extern "C" __global__ void __launch_bounds__(32)
-attn_partial(const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,
-             const bf16* __restrict__ v_cache, const int* __restrict__ positions,
-             const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,
-             int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-             float* __restrict__ part_o, float* __restrict__ part_ml) {
-    extern __shared__ float qs[];  // [g][D], pre-scaled
+// counts: [rows][KVH] arrival tickets, zero between launches (the merging block resets its own).
+// out: [rows][H * D], f32 and/or bf16 (null: not written).
+// inv_freq null: q was rotated and k/v written by rope_kv (prefill); else this kernel does it
+// (decode, one row per sequence).
+// Dynamic shared memory (plan.rs attention_smem_bytes): queries [g][D], the warps' outputs
+// [ATT_WARPS][g][D] and their (max, sum) [ATT_WARPS][g][2], all f32.
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+attention(const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache,
+          bf16* __restrict__ v_cache, const int* __restrict__ positions,
+          const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,
+          int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+          float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counts,
+          float* __restrict__ out_f32, bf16* __restrict__ out_bf16, const bf16* __restrict__ bias,
+          const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, float eps,
+          const float* __restrict__ inv_freq) {
+    extern __shared__ float smem[];
+    __shared__ int ticket;
+    pdl_launch_dependents();
+    pdl_wait();
     const int row = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = num_heads / num_kv_heads;
-    const int lane = threadIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ctx = positions[row] + 1;
     const int used = att_splits(ctx, S);
     if (s >= used) return;
     const int per = (ctx + used - 1) / used;
     const int start = s * per;
     const int end = min(ctx, start + per);
+    const int gd = g * head_dim;
+    float* qs = smem;                       // [g][D], pre-scaled
+    float* wo = qs + gd;                    // [ATT_WARPS][g][D]
+    float* wml = wo + ATT_WARPS * gd;       // [ATT_WARPS][g][2]
     const int* table = block_tables + (size_t)row_table[row] * max_blocks;
-    const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * g * head_dim;
-    for (int i = lane; i < g * head_dim; i += 32) qs[i] = q[i] * scale;
-    __syncwarp();
+    const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * gd;
     const size_t head_stride = (size_t)block_size * head_dim;
     const size_t block_stride = (size_t)num_kv_heads * head_stride;
+    if (inv_freq) {
+        // Decode: this row's q heads of the group, and on the split holding the new position
+        // its k and v, get their bias, norm and rotation here (rope_kv.cu's rope_head); k and v
+        // are written to the cache before any warp of this block reads that position.
+        const int pos = ctx - 1;
+        for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = q[i];
+        const bool writes_kv = s == used - 1;
+        if (writes_kv) {
+            const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * head_dim;
+            const float* vv = kv + (size_t)num_kv_heads * head_dim;
+            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+                wo[i] = kv[i];
+                wo[head_dim + i] = vv[i];
+            }
+        }
+        __syncthreads();
+        for (int h = warp; h < g; h += ATT_WARPS)
+            rope_head(qs + h * head_dim, kvh * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm,
+                      k_norm, eps, inv_freq, pos, lane);
+        if (writes_kv && warp < 2) {
+            const int h = num_heads + warp * num_kv_heads + kvh;  // warp 0: k, warp 1: v
+            float* v = wo + warp * head_dim;
+            rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, inv_freq, pos, lane);
+            const int block = table[pos / block_size];
+            bf16* dst = (warp == 0 ? k_cache : v_cache) + (size_t)block * block_stride +
+                        (size_t)kvh * head_stride + (size_t)(pos % block_size) * head_dim;
+            for (int d = lane; d < head_dim; d += 32) dst[d] = f2bf(v[d]);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] *= scale;
+    } else {
+        for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = q[i] * scale;
+    }
+    __syncthreads();
     const bf16* kbase = k_cache + (size_t)kvh * head_stride;
     const bf16* vbase = v_cache + (size_t)kvh * head_stride;
 
@@ -51,7 +107,7 @@ attn_partial(const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__
 #pragma unroll
         for (int t = 0; t < ATT_MAXT; t++) acc[h][t] = 0.0f;
     }
-    for (int base = start; base < end; base += 32) {
+    for (int base = start + 32 * warp; base < end; base += 32 * ATT_WARPS) {
         const int pos = base + lane;
         const bool valid = pos < end;
         float sc[ATT_MAXG];
@@ -116,38 +172,64 @@ attn_partial(const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__
 #pragma unroll
     for (int h = 0; h < ATT_MAXG; h++) {
         if (h < g) {
-            const size_t idx = ((size_t)row * num_heads + kvh * g + h) * S + s;
 #pragma unroll
             for (int t = 0; t < ATT_MAXT; t++) {
                 const int d = lane + 32 * t;
-                if (d < head_dim) part_o[idx * head_dim + d] = acc[h][t];
+                if (d < head_dim) wo[(warp * g + h) * head_dim + d] = acc[h][t];
             }
             if (lane == 0) {
-                part_ml[idx * 2] = m[h];
-                part_ml[idx * 2 + 1] = l[h];
+                wml[(warp * g + h) * 2] = m[h];
+                wml[(warp * g + h) * 2 + 1] = l[h];
             }
         }
     }
-}
-
-// out[row][h*D + d] = sum_s exp(m_s - M) o_s[d] / sum_s exp(m_s - M) l_s over the row's splits.
-// Grid (rows, H); S is the partial kernel's gridDim.z.
-extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                        const int* __restrict__ positions, int S, int num_heads, int head_dim,
-                                        float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {
-    const int row = blockIdx.x, h = blockIdx.y;
-    const int used = att_splits(positions[row] + 1, S);
-    const size_t base = ((size_t)row * num_heads + h) * S;
-    float M = -INF_F;
-    for (int s = 0; s < used; s++) M = fmaxf(M, part_ml[(base + s) * 2]);
-    float L = 0.0f;
-    for (int s = 0; s < used; s++) L += expf(part_ml[(base + s) * 2] - M) * part_ml[(base + s) * 2 + 1];
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < used; s++) o += expf(part_ml[(base + s) * 2] - M) * part_o[(base + s) * head_dim + d];
-        const float v = o / L;
-        const size_t at = ((size_t)row * num_heads + h) * head_dim + d;
-        if (out_f32) out_f32[at] = v;
-        if (out_bf16) out_bf16[at] = f2bf(v);
+    __syncthreads();
+    // Merge the warps (a warp that had no position has max -inf and weighs 0; warp 0 always
+    // has one): out = sum_w e_w o_w / sum_w e_w l_w with e_w = exp(m_w - M), warps in order.
+    for (int i = threadIdx.x; i < gd; i += blockDim.x) {
+        const int h = i / head_dim, d = i - h * head_dim;
+        float M = -INF_F;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wml[(w * g + h) * 2]);
+        float L = 0.0f, o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++) {
+            const float e = expf(wml[(w * g + h) * 2] - M);
+            L += e * wml[(w * g + h) * 2 + 1];
+            o += e * wo[(w * g + h) * head_dim + d];
+        }
+        const int head = kvh * g + h;
+        if (used == 1) {
+            att_store(out_f32, out_bf16, ((size_t)row * num_heads + head) * head_dim + d, o / L);
+        } else {
+            const size_t idx = ((size_t)row * num_heads + head) * S + s;
+            part_o[idx * head_dim + d] = o;
+            if (d == 0) {
+                part_ml[idx * 2] = M;
+                part_ml[idx * 2 + 1] = L;
+            }
+        }
+    }
+    if (used == 1) return;
+    // The last of the row's `used` split blocks for this KV head merges the splits, in order.
+    __threadfence();
+    __syncthreads();
+    int* count = counts + (size_t)row * num_kv_heads + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
+    __syncthreads();
+    if (ticket != used - 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) *count = 0;
+    for (int i = threadIdx.x; i < gd; i += blockDim.x) {
+        const int h = i / head_dim, d = i - h * head_dim;
+        const int head = kvh * g + h;
+        const size_t base = ((size_t)row * num_heads + head) * S;
+        float M = -INF_F;
+        for (int j = 0; j < used; j++) M = fmaxf(M, __ldcg(part_ml + (base + j) * 2));
+        float L = 0.0f, o = 0.0f;
+        for (int j = 0; j < used; j++) {
+            const float e = expf(__ldcg(part_ml + (base + j) * 2) - M);
+            L += e * __ldcg(part_ml + (base + j) * 2 + 1);
+            o += e * __ldcg(part_o + (base + j) * head_dim + d);
+        }
+        att_store(out_f32, out_bf16, ((size_t)row * num_heads + head) * head_dim + d, o / L);
     }
 }

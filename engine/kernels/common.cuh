@@ -42,3 +42,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = lane < nwarps ? scratch[lane] : 0.0f;
     return warp_sum(v);
 }
+
+// Programmatic dependent launch (Hopper and later; no-ops elsewhere and when the kernel was not
+// launched with the attribute). Every kernel lets the next one launch at once (it then waits in
+// its own pdl_wait) and waits for the previous one before it reads anything that one wrote;
+// only reads of constant data (weights) may come before pdl_wait.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -63,7 +63,67 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __
     const int row = blockIdx.x * rpb + warp / ksplit;
     const int kpart = warp % ksplit;
     const bool valid = row < rows;
+    const int per = (cols >> 3) / ksplit;
+    const int c0 = kpart * per, c1 = c0 + per;
+    const uint4* w[NW];
+#pragma unroll
+    for (int r = 0; r < NW; r++) w[r] = reinterpret_cast<const uint4*>(W + (size_t)(valid ? row + r * rows : 0) * cols);
 
+    // The weights do not depend on the kernel before: a lane's first four 16-byte loads per
+    // weight row are issued before waiting for it, then each group of four is loaded while the
+    // one before it is used. Chunks past the slice's end are skipped, so a lane sums its chunks
+    // in the same order whatever the grouping.
+    int c = c0 + lane;
+    uint4 cur[NW][4];
+    if (valid) {
+#pragma unroll
+        for (int r = 0; r < NW; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (c + 32 * u < c1) cur[r][u] = load_stream(w[r] + c + 32 * u);
+    }
+    pdl_launch_dependents();
+    pdl_wait();
+
+    float acc[NW][B];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
+    if (valid) {
+        for (; c < c1; c += 128) {
+            uint4 next[NW][4];
+            const int cn = c + 128;
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (cn + 32 * u < c1) next[r][u] = load_stream(w[r] + cn + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (c + 32 * u < c1) {
+#pragma unroll
+                    for (int b = 0; b < B; b++) {
+                        float4 xa, xb;
+                        x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
+#pragma unroll
+                        for (int r = 0; r < NW; r++) fma8(acc[r][b], cur[r][u], xa, xb);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) cur[r][u] = next[r][u];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+
+    // RMSNorm's scale is one factor per activation row, applied to the dot products at the end,
+    // so its reduction waits here rather than delaying the weight stream.
     if (NORM) {
         float ss[B];
 #pragma unroll
@@ -89,54 +149,6 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __
         }
         __syncthreads();
     }
-
-    float acc[NW][B];
-#pragma unroll
-    for (int r = 0; r < NW; r++)
-#pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
-    if (valid) {
-        const int per = (cols >> 3) / ksplit;
-        const int c0 = kpart * per, c1 = c0 + per;
-        const uint4* w[NW];
-#pragma unroll
-        for (int r = 0; r < NW; r++) w[r] = reinterpret_cast<const uint4*>(W + (size_t)(row + r * rows) * cols);
-        int c = c0 + lane;
-        // Four 16-byte loads per weight row in flight per lane before any arithmetic.
-        for (; c + 96 < c1; c += 128) {
-            uint4 wv[NW][4];
-#pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int u = 0; u < 4; u++) wv[r][u] = load_stream(w[r] + c + 32 * u);
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-#pragma unroll
-                for (int b = 0; b < B; b++) {
-                    float4 xa, xb;
-                    x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
-#pragma unroll
-                    for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r][u], xa, xb);
-                }
-            }
-        }
-        for (; c < c1; c += 32) {
-            uint4 wv[NW];
-#pragma unroll
-            for (int r = 0; r < NW; r++) wv[r] = load_stream(w[r] + c);
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                float4 xa, xb;
-                x_chunk<NORM>(x + (size_t)b * ldx, gamma, c, xa, xb);
-#pragma unroll
-                for (int r = 0; r < NW; r++) fma8(acc[r][b], wv[r], xa, xb);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < NW; r++)
-#pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
 
     if (ksplit > 1) {
         __syncthreads();  // `red` may still be read by the norm above

@@ -3,6 +3,8 @@
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const bf16* __restrict__ w, float eps,
                                    int hidden, float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {
     __shared__ float scratch[32];
+    pdl_launch_dependents();
+    pdl_wait();
     const size_t row = blockIdx.x;
     const float* xr = x + row * hidden;
     float ss = 0.0f;

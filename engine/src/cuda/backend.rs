@@ -40,8 +40,7 @@ struct Funcs {
     embed: CudaFunction,
     rmsnorm: CudaFunction,
     rope_kv: CudaFunction,
-    attn_partial: CudaFunction,
-    attn_combine: CudaFunction,
+    attention: CudaFunction,
     swiglu: CudaFunction,
     argmax_final: CudaFunction,
     /// gemv[mode][batch - 1]
@@ -62,6 +61,7 @@ struct DecodeBufs {
     parts: DevBuf,
     part_o: DevBuf,
     part_ml: DevBuf,
+    counts: DevBuf,
 }
 
 struct PrefillBufs {
@@ -79,6 +79,7 @@ struct PrefillBufs {
     act_bf16: DevBuf,
     part_o: DevBuf,
     part_ml: DevBuf,
+    counts: DevBuf,
     /// The last row, normalised, its argmax candidates and its token.
     last_xn: DevBuf,
     parts: DevBuf,
@@ -103,6 +104,8 @@ pub struct CudaBackend {
     kernels: kernels::Provenance,
     degraded: Vec<String>,
     use_graphs: bool,
+    /// Programmatic dependent launch (device.rs `launch`): Hopper and later.
+    pdl: bool,
     profiler: Option<Profiler>,
     // Field order is drop order: graphs and buffers go before the module, stream and context.
     graphs: Vec<Option<CudaGraph>>,
@@ -252,6 +255,10 @@ impl CudaBackend {
         if std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_some() {
             degraded.push("cuda_graphs: off (ENGINE_NO_CUDA_GRAPHS is set)".into());
         }
+        let pdl = major >= 9 && std::env::var_os("ENGINE_NO_PDL").is_none() && profiler.is_none();
+        if major >= 9 && std::env::var_os("ENGINE_NO_PDL").is_some() {
+            degraded.push("pdl: off (ENGINE_NO_PDL is set)".into());
+        }
         let mut backend = Self {
             host_tables: vec![0; dec.layout.tables],
             host_tokens: vec![0; max_batch],
@@ -264,6 +271,7 @@ impl CudaBackend {
             kernels: provenance,
             degraded,
             use_graphs,
+            pdl,
             profiler,
             graphs: (0..max_batch).map(|_| None).collect(),
             rows: Vec::new(),
@@ -284,14 +292,20 @@ impl CudaBackend {
         };
         // Capture every batch size now, so `ready` tells the truth about graphs.
         if backend.use_graphs {
-            for batch in 1..=max_batch {
-                if let Err(e) = backend.capture(batch) {
+            if let Err(e) = backend.capture_all() {
+                if backend.pdl {
+                    // Programmatic edges are the newer part of capture: drop them first.
+                    backend.pdl = false;
+                    backend.degraded.push(format!(
+                        "pdl: graph capture with programmatic dependent launch failed, so it is off: {e}"
+                    ));
+                }
+                if let Err(e) = backend.capture_all() {
                     backend.use_graphs = false;
                     backend.graphs.iter_mut().for_each(|g| *g = None);
                     backend.degraded.push(format!(
                         "cuda_graphs: capture failed, launching directly: {e}"
                     ));
-                    break;
                 }
             }
         }
@@ -310,7 +324,7 @@ impl CudaBackend {
     /// RMSNorm of `rows` rows of `x` into f32 and/or bf16 outputs (0 = not written).
     fn rmsnorm(&self, x: u64, w: &DevBuf, rows: usize, out_f32: u64, out_bf16: u64) -> Result<()> {
         let c = &self.cfg;
-        launch!(&self.f.rmsnorm, &self.stream, (rows as u32, 1, 1), 256, 0;
+        launch!(&self.f.rmsnorm, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
             x, w.ptr, c.rms_norm_eps, c.hidden_size as i32, out_f32, out_bf16)?;
         self.mark("rmsnorm", 0)
     }
@@ -341,7 +355,7 @@ impl CudaBackend {
         parts: u64,
     ) -> Result<()> {
         let ksplit = plan::gemv_ksplit(rows, cols);
-        launch!(&self.f.gemv[mode][batch - 1], &self.stream,
+        launch!(&self.f.gemv[mode][batch - 1], &self.stream, self.pdl,
             (plan::gemv_blocks(rows, ksplit), 1, 1), GEMV_THREADS, 0;
             w, x, y, rows as i32, cols as i32, cols as i32, rows as i32, ksplit as i32, gamma,
             self.cfg.rms_norm_eps, parts)?;
@@ -376,12 +390,12 @@ impl CudaBackend {
             0,
             parts,
         )?;
-        launch!(&self.f.argmax_final, &self.stream, (batch as u32, 1, 1), 1024, 0;
+        launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
             parts, plan::lm_head_blocks(c) as i32, tokens, positions, (positions != 0) as i32)?;
         self.mark("argmax_final", 0)
     }
 
-    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv`.
+    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv` (prefill).
     #[allow(clippy::too_many_arguments)]
     fn rope_kv(
         &self,
@@ -396,7 +410,7 @@ impl CudaBackend {
         let c = &self.cfg;
         let l = &self.layers[layer];
         let opt = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
-        launch!(&self.f.rope_kv, &self.stream, (rows as u32, 1, 1), 256, 0;
+        launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
             qkv, opt(&l.qkv_bias), opt(&l.q_norm), opt(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, positions, row_table, tables, max_blocks as i32,
             self.k_cache[layer].ptr, self.v_cache[layer].ptr, c.num_heads as i32,
@@ -404,6 +418,9 @@ impl CudaBackend {
         self.mark("rope_kv", 0)
     }
 
+    /// Attention of `rows` rows of `qkv` over the paged cache into `out_f32`/`out_bf16`. With
+    /// `rope` (decode), the kernel also does what `rope_kv` does for prefill: bias, q/k norm,
+    /// rotation, and the new position's K/V write.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -417,24 +434,24 @@ impl CudaBackend {
         max_blocks: usize,
         part_o: u64,
         part_ml: u64,
+        counts: u64,
         out_f32: u64,
         out_bf16: u64,
+        rope: bool,
     ) -> Result<()> {
         let c = &self.cfg;
+        let l = &self.layers[layer];
+        let opt = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        launch!(&self.f.attn_partial, &self.stream,
+        launch!(&self.f.attention, &self.stream, self.pdl,
             (rows as u32, c.num_kv_heads as u32, splits as u32), ATT_THREADS,
             plan::attention_smem_bytes(c);
             qkv, self.qkv_width() as i32, self.k_cache[layer].ptr, self.v_cache[layer].ptr,
             positions, row_table, tables, max_blocks as i32, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, scale,
-            part_o, part_ml)?;
-        self.mark("attn_partial", 0)?;
-        launch!(&self.f.attn_combine, &self.stream, (rows as u32, c.num_heads as u32, 1),
-            c.head_dim.min(256) as u32, 0;
-            part_o, part_ml, positions, splits as i32, c.num_heads as i32, c.head_dim as i32,
-            out_f32, out_bf16)?;
-        self.mark("attn_combine", 0)
+            part_o, part_ml, counts, out_f32, out_bf16, opt(&l.qkv_bias), opt(&l.q_norm),
+            opt(&l.k_norm), c.rms_norm_eps, if rope { self.inv_freq.ptr } else { 0 })?;
+        self.mark("attention", 0)
     }
 
     fn lm_head_ptr(&self) -> u64 {
@@ -448,7 +465,7 @@ impl CudaBackend {
         let d = &self.dec;
         let (h, q, i) = (c.hidden_size, c.q_dim(), c.intermediate_size);
         let splits = plan::MAX_SPLITS;
-        launch!(&self.f.embed, &self.stream, (batch as u32, 1, 1), 256, 0;
+        launch!(&self.f.embed, &self.stream, self.pdl, (batch as u32, 1, 1), 256, 0;
             self.embed.ptr, d.tokens.ptr, d.x.ptr, h as i32)?;
         self.mark("embed", 0)?;
         for (li, l) in self.layers.iter().enumerate() {
@@ -466,15 +483,6 @@ impl CudaBackend {
                 l.input_norm.ptr,
                 0,
             )?;
-            self.rope_kv(
-                li,
-                d.qkv.ptr,
-                batch,
-                d.positions.ptr,
-                d.row_table.ptr,
-                d.tables.ptr,
-                d.layout.max_blocks,
-            )?;
             self.attention(
                 li,
                 d.qkv.ptr,
@@ -486,8 +494,10 @@ impl CudaBackend {
                 d.layout.max_blocks,
                 d.part_o.ptr,
                 d.part_ml.ptr,
+                d.counts.ptr,
                 d.attn.ptr,
                 0,
+                true,
             )?;
             self.gemv("gemv_o", 1, batch, l.o.ptr, d.attn.ptr, d.x.ptr, h, q, 0, 0)?;
             self.gemv(
@@ -518,6 +528,13 @@ impl CudaBackend {
         // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
         self.lm_head_argmax(batch, d.xn.ptr, d.parts.ptr, d.tokens.ptr, d.positions.ptr)
+    }
+
+    fn capture_all(&mut self) -> Result<()> {
+        for batch in 1..=self.max_batch {
+            self.capture(batch)?;
+        }
+        Ok(())
     }
 
     fn capture(&mut self, batch: usize) -> Result<()> {
@@ -612,8 +629,7 @@ impl Funcs {
             embed: k("embed_gather")?,
             rmsnorm: k("rmsnorm")?,
             rope_kv: k("rope_kv")?,
-            attn_partial: k("attn_partial")?,
-            attn_combine: k("attn_combine")?,
+            attention: k("attention")?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
             gemv,
@@ -637,6 +653,7 @@ impl DecodeBufs {
             parts: b(layout.parts)?,
             part_o: b(layout.part_o)?,
             part_ml: b(layout.part_ml)?,
+            counts: b(layout.counts)?,
             layout,
         })
     }
@@ -659,6 +676,7 @@ impl PrefillBufs {
             act_bf16: h(layout.act_bf16)?,
             part_o: f(layout.part_o)?,
             part_ml: f(layout.part_ml)?,
+            counts: f(layout.counts)?,
             last_xn: f(cfg.hidden_size)?,
             parts: f(2 * plan::lm_head_blocks(cfg))?,
             token: f(1)?,
@@ -783,7 +801,7 @@ impl Backend for CudaBackend {
             let pos: Vec<i32> = (start as i32..(start + n) as i32).collect();
             pf.tokens.write(0, &ids)?;
             pf.positions.write(0, &pos)?;
-            launch!(&self.f.embed, &self.stream, (n as u32, 1, 1), 256, 0;
+            launch!(&self.f.embed, &self.stream, self.pdl, (n as u32, 1, 1), 256, 0;
                 self.embed.ptr, pf.tokens.ptr, pf.x.ptr, h as i32)?;
             for (li, l) in self.layers.iter().enumerate() {
                 self.rmsnorm(pf.x.ptr, &l.input_norm, n, 0, pf.xn_bf16.ptr)?;
@@ -816,8 +834,10 @@ impl Backend for CudaBackend {
                     max_blocks,
                     pf.part_o.ptr,
                     pf.part_ml.ptr,
+                    pf.counts.ptr,
                     0,
                     pf.attn_bf16.ptr,
+                    false,
                 )?;
                 self.gemm(l.o.ptr, pf.attn_bf16.ptr, pf.x.ptr, n, h, q, true)?;
                 self.rmsnorm(pf.x.ptr, &l.post_norm, n, 0, pf.xn_bf16.ptr)?;
@@ -830,7 +850,7 @@ impl Backend for CudaBackend {
                     h,
                     false,
                 )?;
-                launch!(&self.f.swiglu, &self.stream, ((i as u32).div_ceil(256), n as u32, 1), 256, 0;
+                launch!(&self.f.swiglu, &self.stream, self.pdl, ((i as u32).div_ceil(256), n as u32, 1), 256, 0;
                     pf.gate_up.ptr, pf.act_bf16.ptr, i as i32)?;
                 self.gemm(l.down.ptr, pf.act_bf16.ptr, pf.x.ptr, n, h, i, true)?;
             }
@@ -914,6 +934,7 @@ impl Backend for CudaBackend {
             "activations": "float32",
             "weights_dtype": self.cfg.dtype,
             "cuda_graphs": self.use_graphs,
+            "pdl": self.pdl,
             "kernels": kernels::names(),
             "kernel_cache": self.kernels,
             "prefill_gemm": "cublas bf16 -> f32",

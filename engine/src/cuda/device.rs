@@ -109,10 +109,14 @@ impl Arg for f32 {
     }
 }
 
-/// Launches `f` on `stream`; `args` in the kernel's parameter order.
+/// Launches `f` on `stream`; `args` in the kernel's parameter order. With `pdl` (Hopper and
+/// later), the launch allows programmatic dependent launch: the kernel may start while the one
+/// before it finishes, runs what does not depend on it (loading weights), and waits for it in
+/// `pdl_wait()` (common.cuh), which every kernel calls before touching its inputs.
 pub fn launch(
     f: &CudaFunction,
     stream: &CudaStream,
+    pdl: bool,
     grid: (u32, u32, u32),
     block: u32,
     shared: u32,
@@ -128,27 +132,56 @@ pub fn launch(
         *p = a as *mut u64 as *mut c_void;
     }
     let params = &mut params[..args.len()];
-    // SAFETY: every parameter points at a live 8-byte value for the duration of the call, which
-    // copies them; pointers among them are device addresses of live buffers.
+    if !pdl {
+        // SAFETY: every parameter points at a live 8-byte value for the duration of the call,
+        // which copies them; pointers among them are device addresses of live buffers.
+        return unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                shared,
+                stream.cu_stream(),
+                params,
+            )
+        }
+        .map_err(driver_err("kernel launch"));
+    }
+    // SAFETY: a zeroed attribute is a valid plain-data value; only the fields set below are read.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as above; `config` and `attr` outlive the call, which copies them.
     unsafe {
-        result::launch_kernel(
+        sys::cuLaunchKernelEx(
+            &config,
             f.cu_function(),
-            grid,
-            (block, 1, 1),
-            shared,
-            stream.cu_stream(),
-            params,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
         )
     }
-    .map_err(driver_err("kernel launch"))
+    .result()
+    .map_err(driver_err("kernel launch (programmatic dependent)"))
 }
 
-/// `launch!(f, stream, grid, block, shared; a, b, c)`: each argument converted by [`Arg`].
+/// `launch!(f, stream, pdl, grid, block, shared; a, b, c)`: each argument converted by [`Arg`].
 #[macro_export]
 macro_rules! launch {
-    ($f:expr, $stream:expr, $grid:expr, $block:expr, $shared:expr; $($arg:expr),* $(,)?) => {{
+    ($f:expr, $stream:expr, $pdl:expr, $grid:expr, $block:expr, $shared:expr; $($arg:expr),* $(,)?) => {{
         use $crate::cuda::device::Arg as _;
         let mut args = [$( ($arg).bits() ),*];
-        $crate::cuda::device::launch($f, $stream, $grid, $block, $shared, &mut args)
+        $crate::cuda::device::launch($f, $stream, $pdl, $grid, $block, $shared, &mut args)
     }};
 }

@@ -11,15 +11,17 @@ pub const GEMV_THREADS: u32 = 256;
 const GEMV_WARPS: usize = GEMV_THREADS as usize / 32;
 /// Warps in flight the GEMV grid aims for: 132 multiprocessors x 64 warps on an H200.
 const GEMV_TARGET_WARPS: usize = 8192;
-/// Threads per block of the attention kernel: one warp.
-pub const ATT_THREADS: u32 = 32;
+/// Warps per block of the attention kernel (`ATT_WARPS` in attention.cu).
+const ATT_WARPS: usize = 4;
+/// Threads per block of the attention kernel.
+pub const ATT_THREADS: u32 = 32 * ATT_WARPS as u32;
 /// Most query heads per KV head the attention kernel holds (`ATT_MAXG` in attention.cu).
 pub const ATT_MAXG: usize = 8;
 /// Largest head dimension the attention kernel handles (`ATT_MAXT` x 32 lanes).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
-/// split per 32 positions of its context, up to this many, whatever the batch (attention.cu).
-pub const MAX_SPLITS: usize = 32;
+/// split per 128 positions of its context, up to this many, whatever the batch (attention.cu).
+pub const MAX_SPLITS: usize = 8;
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -71,10 +73,12 @@ pub fn weight_bytes(cfg: &ModelConfig) -> usize {
         .sum()
 }
 
-/// Dynamic shared memory of one attention block: the group's queries in f32.
+/// Dynamic shared memory of one attention block: the group's queries, each warp's output and
+/// its (max, sum) per query head, all f32.
 pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
+    let gd = cfg.num_heads / cfg.num_kv_heads * cfg.head_dim;
     let g = cfg.num_heads / cfg.num_kv_heads;
-    (g * cfg.head_dim * 4) as u32
+    (4 * (gd + ATT_WARPS * gd + ATT_WARPS * g * 2)) as u32
 }
 
 /// Warps that share one output row of a GEMV, each summing a contiguous slice of K: a power of
@@ -118,6 +122,8 @@ pub struct DecodeLayout {
     pub parts: usize,
     pub part_o: usize,
     pub part_ml: usize,
+    /// Attention's arrival tickets, one per (sequence, KV head).
+    pub counts: usize,
     pub tables: usize,
 }
 
@@ -135,6 +141,7 @@ impl DecodeLayout {
             parts: max_batch * lm_head_blocks(cfg) * 2,
             part_o: max_batch * cfg.num_heads * MAX_SPLITS * cfg.head_dim,
             part_ml: max_batch * cfg.num_heads * MAX_SPLITS * 2,
+            counts: max_batch * cfg.num_kv_heads,
             tables: max_batch * max_blocks,
         }
     }
@@ -148,6 +155,7 @@ impl DecodeLayout {
             + self.parts
             + self.part_o
             + self.part_ml
+            + self.counts
             + self.tables
             + 3 * self.max_batch)
     }
@@ -165,6 +173,7 @@ pub struct PrefillLayout {
     pub act_bf16: usize,
     pub part_o: usize,
     pub part_ml: usize,
+    pub counts: usize,
 }
 
 impl PrefillLayout {
@@ -179,11 +188,18 @@ impl PrefillLayout {
             act_bf16: rows * cfg.intermediate_size,
             part_o: rows * cfg.num_heads * cfg.head_dim,
             part_ml: rows * cfg.num_heads * 2,
+            counts: rows * cfg.num_kv_heads,
         }
     }
 
     pub fn bytes(&self) -> usize {
-        4 * (self.x + self.qkv + self.gate_up + self.part_o + self.part_ml + 3 * self.rows)
+        4 * (self.x
+            + self.qkv
+            + self.gate_up
+            + self.part_o
+            + self.part_ml
+            + self.counts
+            + 3 * self.rows)
             + 2 * (self.xn_bf16 + self.attn_bf16 + self.act_bf16)
     }
 }
@@ -263,13 +279,15 @@ mod tests {
         assert_eq!(gemv_ksplit(64, 512), 2);
         assert_eq!(gemv_ksplit(64, 1024), 4);
         assert_eq!(lm_head_blocks(&c), 16032);
-        assert_eq!(attention_smem_bytes(&c), (4 * 64 * 4) as u32);
+        // Llama-3.2-1B: 4 query heads per KV head of 64 dims, 4 warps.
+        assert_eq!(attention_smem_bytes(&c), 4 * (256 + 4 * 256 + 4 * 4 * 2));
         let pool = resolve_pool(&c, 16, PoolSize::Blocks(100), 2).unwrap();
         let d = DecodeLayout::new(&c, &pool, 8);
         assert_eq!(d.max_blocks, 8192);
         assert_eq!(d.tables, 8 * 8192);
         assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
-        assert_eq!(d.part_o, 8 * 32 * 32 * 64);
+        assert_eq!(d.part_o, 8 * 32 * 8 * 64);
+        assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);
     }
