@@ -8,6 +8,7 @@ pub mod compare;
 pub mod gates;
 pub mod lease;
 pub mod leg;
+pub mod noise;
 pub mod preflight;
 pub mod progress;
 pub mod protocol;

@@ -10,6 +10,7 @@ use crate::gates::idle::GpuIdleCheck;
 use crate::gates::{self, kv, GateInput};
 use crate::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::leg::{BatteryPlan, LegFailure, LegName, LegRecord, LegRun, LegSpec};
+use crate::noise::{self, LegNoise};
 use crate::preflight::{self, Checked};
 use crate::record::{
     self, BinaryInfo, HostInfo, LeaseInfo, LegTimings, Legs, ProjectInfo, Record, UnitInfo,
@@ -431,6 +432,9 @@ pub fn run_checked(
     };
 
     let json_path = PathBuf::from(format!("{}.json", stem.display()));
+    // Records are committed and read on other machines: the files beside the record are named
+    // relative to its directory, the unit and the engine binary relative to the project root.
+    let root = &checked.project_root;
     let rec = Record {
         schema: record::SCHEMA,
         created_utc: record::utc_now_iso(),
@@ -438,12 +442,12 @@ pub fn run_checked(
         command: std::env::args().collect(),
         unit: UnitInfo {
             name: cfg.name.clone(),
-            path: unit.path.clone(),
+            path: relative(&unit.path, root),
             config: cfg.clone(),
         },
         project: project.clone(),
         engine_binary: BinaryInfo {
-            path: checked.engine_binary.clone(),
+            path: relative(&checked.engine_binary, root),
             sha256: record::sha256_file(&checked.engine_binary),
         },
         host: {
@@ -460,8 +464,8 @@ pub fn run_checked(
             idle_checks: legs.idle_checks.clone(),
         },
         legs: Legs {
-            engine: legs.engine.clone(),
-            oracle: legs.oracle.clone(),
+            engine: beside_record(&legs.engine, &dir),
+            oracle: beside_record(&legs.oracle, &dir),
         },
         timings: LegTimings {
             engine: te,
@@ -479,7 +483,7 @@ pub fn run_checked(
     let svg_path = PathBuf::from(format!("{}.timeline.svg", stem.display()));
     let mut rec = rec;
     match crate::timeline::write(&svg_path, &[&legs.engine, &legs.oracle], &refusals) {
-        Ok(()) => rec.timeline = Some(svg_path.clone()),
+        Ok(()) => rec.timeline = Some(relative(&svg_path, &dir)),
         Err(e) => eprintln!(
             "orchestrator: cannot draw the timeline {} ({e}); the record is written without it",
             svg_path.display()
@@ -516,6 +520,12 @@ pub fn run_checked(
     if let Some(x) = &clock_explain {
         println!("clock: {}", x.sentence);
     }
+    for l in noise_lines(&rec) {
+        println!("A/A noise: {l}");
+    }
+    for l in &rec.lease.idle_checks {
+        println!("idle: {l}");
+    }
     if !refusals.is_empty() {
         println!("\nRefusals ({}):", refusals.len());
         for r in &refusals {
@@ -528,9 +538,43 @@ pub fn run_checked(
         md_path.display()
     );
     if let Some(t) = &rec.timeline {
-        println!("timeline: {}", t.display());
+        println!("timeline: {}", dir.join(t).display());
     }
     Ok(code)
+}
+
+/// `p` relative to `base` when it lies under it, else unchanged.
+fn relative(p: &Path, base: &Path) -> PathBuf {
+    p.strip_prefix(base)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The leg as the record keeps it: its log and series files named relative to the record's
+/// directory (they lie beside it).
+fn beside_record(l: &LegRecord, dir: &Path) -> LegRecord {
+    let mut l = l.clone();
+    l.log = relative(&l.log, dir);
+    l.sampler.series = l.sampler.series.map(|p| relative(&p, dir));
+    for p in &mut l.prior_starts {
+        p.log = relative(&p.log, dir);
+        p.sampler.series = p.sampler.series.take().map(|s| relative(&s, dir));
+    }
+    l
+}
+
+/// Each leg's A/A noise (the spread of its repeats), then whether the per-token gap beats it.
+pub fn noise_lines(rec: &Record) -> Vec<String> {
+    let e = LegNoise::of(&rec.timings.engine);
+    let o = LegNoise::of(&rec.timings.oracle);
+    let ratio = rec
+        .axes
+        .iter()
+        .find(|x| x.axis.starts_with("per output token"))
+        .and_then(|x| x.ratio);
+    let mut v = vec![e.sentence("engine"), o.sentence("oracle")];
+    v.extend(noise::verdict(ratio, &e, &o).map(|s| format!("so {s}")));
+    v
 }
 
 /// One line per leg: its sampler summary, or why there is none, and what sampling cost.
@@ -604,6 +648,17 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
     }
     if let Some(x) = &rec.clock_explain {
         s.push_str(&format!("- clock: {}\n", x.sentence));
+    }
+    s.push_str("\n## A/A noise (each leg's spread over its repeats)\n\n");
+    for l in noise_lines(rec) {
+        s.push_str(&format!("- {l}\n"));
+    }
+    s.push_str("\n## Idle checks (before each leg)\n\n");
+    if rec.lease.idle_checks.is_empty() {
+        s.push_str("- none recorded\n");
+    }
+    for l in &rec.lease.idle_checks {
+        s.push_str(&format!("- {}\n", l.replace('\n', " ")));
     }
     s.push_str("\n## Gates\n\n");
     for g in &rec.gates {

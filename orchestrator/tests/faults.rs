@@ -5,7 +5,7 @@
 mod common;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -169,11 +169,23 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("[engine] battery: done in"), "{stderr}");
-    // The leg's stderr went to the log beside the record.
+    // The leg's stderr went to the log beside the record, named relative to its directory.
     let log = rec["legs"]["engine"]["log"].as_str().unwrap();
-    assert!(std::fs::read_to_string(log)
+    assert!(!log.contains('/'), "{log}");
+    assert!(std::fs::read_to_string(f.path("records/fake").join(log))
         .unwrap()
         .contains("fake leg pid "));
+    // Two repeats: each leg has an A/A spread, and the table's per-token gap is judged by it.
+    assert!(
+        md.contains("## A/A noise (each leg's spread over its repeats)"),
+        "{md}"
+    );
+    assert!(md.contains("- engine: per output token "), "{md}");
+    assert!(
+        md.contains("- so the per-token gap between the legs"),
+        "{md}"
+    );
+    assert!(md.contains("- before the engine leg: "), "{md}");
 }
 
 #[test]
@@ -197,7 +209,10 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
         assert!(s["summary"].is_null(), "{s}");
         assert_eq!(s["host_period_ms"], 10);
         assert!(s["cpu_s"].as_f64().unwrap() > 0.0, "{s}");
-        let series = std::fs::read_to_string(s["series"].as_str().unwrap()).unwrap();
+        // Files beside the record are named relative to its directory.
+        let name = s["series"].as_str().unwrap();
+        assert!(!name.contains('/'), "{name}");
+        let series = std::fs::read_to_string(f.path("records/fake").join(name)).unwrap();
         assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
         for p in ["load", "warmup", "battery", "shutdown"] {
             // Phase rows end with their phase; host rows go on to rss_bytes.
@@ -226,14 +241,17 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
         axis("peak GPU memory")["words"],
         "not measured on either leg"
     );
-    let svg = rec["timeline"].as_str().unwrap();
-    assert!(std::fs::read_to_string(svg)
+    let svg = f
+        .path("records/fake")
+        .join(rec["timeline"].as_str().unwrap());
+    assert!(std::fs::read_to_string(&svg)
         .unwrap()
         .contains("no GPU data: "));
-    let md =
-        std::fs::read_to_string(Path::new(svg).with_extension("").with_extension("md")).unwrap();
+    let md = std::fs::read_to_string(svg.with_extension("").with_extension("md")).unwrap();
     assert!(md.contains(".timeline.svg)"), "{md}");
     assert!(md.contains("sampler cost"), "{md}");
+    assert!(md.contains("## A/A noise"), "{md}");
+    assert!(md.contains("## Idle checks (before each leg)"), "{md}");
 }
 
 fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::sampler::Gpu>, String> {
