@@ -29,6 +29,24 @@ pub struct RecordView {
     pub axes: Vec<AxisView>,
     #[serde(default)]
     pub refusals: Vec<String>,
+    /// What the idle check said before each leg.
+    #[serde(default)]
+    pub lease: LeaseView,
+    /// The clock gate's explainable-gap statement (`sentence`), where both legs had clocks.
+    #[serde(default)]
+    pub clock_explain: Option<ClockExplainView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct LeaseView {
+    #[serde(default)]
+    pub idle_checks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ClockExplainView {
+    #[serde(default)]
+    pub sentence: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::archive::{self, AxisView, RecordView, Rejected, Stored};
+use crate::archive::{self, AxisView, RecordView, Rejected, Stored, TimingsView};
 use crate::chart;
+use crate::noise::{self, LegNoise};
 use crate::table::fmt_num;
 
 /// The Markdown, and each chart as (file name under the charts directory, SVG).
@@ -152,6 +153,67 @@ fn no_speed_number(rec: &RecordView) -> String {
     format!("**No speed number, by the unit's own rule.** The rule that refused: {rule}\n")
 }
 
+/// What was judged besides the refusals: every other gate verdict (token match, kv, clock,
+/// stragglers, ...), the idle checks before each leg, the clock's explainable-gap statement and
+/// each leg's A/A noise. Refused verdicts are quoted in full under the table, above it.
+fn judged(rec: &RecordView) -> String {
+    let mut s = String::from("Gate verdicts:\n\n");
+    for g in &rec.gates {
+        let leg = g
+            .leg
+            .as_ref()
+            .map(|l| format!(" ({l})"))
+            .unwrap_or_default();
+        let line = match g.verdict.as_str() {
+            "refused" => format!("- **REFUSED**, {}{leg}: quoted above", g.gate),
+            "pass" => format!("- pass, {}{leg}: {}", g.gate, esc(&g.sentence)),
+            "not_applicable" => format!("- not applicable, {}{leg}: {}", g.gate, esc(&g.sentence)),
+            other => format!("- {}, {}{leg}: {}", esc(other), g.gate, esc(&g.sentence)),
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    if rec.gates.is_empty() {
+        s.push_str("- none recorded\n");
+    }
+    for l in &rec.lease.idle_checks {
+        s.push_str(&format!("- idle, {}\n", esc(l)));
+    }
+    if let Some(x) = rec
+        .clock_explain
+        .as_ref()
+        .filter(|x| !x.sentence.is_empty())
+    {
+        s.push_str(&format!("- clock explains: {}\n", esc(&x.sentence)));
+    }
+    s.push_str("\nA/A noise (each leg's spread over its repeats of the battery, one load):\n\n");
+    let leg = |t: &TimingsView| {
+        LegNoise::new(
+            t.per_token_s.iter().map(|x| (x.pass, x.s)),
+            t.ttft_s.iter().map(|x| (x.pass, x.s)),
+            t.throughput_tok_s
+                .iter()
+                .filter_map(|(b, v)| b.parse::<u32>().ok().map(|b| (b, v.clone()))),
+        )
+    };
+    let (e, o) = (leg(&rec.timings.engine), leg(&rec.timings.oracle));
+    s.push_str(&format!(
+        "- {}\n- {}\n",
+        esc(&e.sentence("engine")),
+        esc(&o.sentence("oracle"))
+    ));
+    let ratio = rec
+        .axes
+        .iter()
+        .find(|a| a.axis.starts_with("per output token"))
+        .and_then(|a| a.ratio);
+    if let Some(v) = noise::verdict(ratio, &e, &o) {
+        s.push_str(&format!("- so {}\n", esc(&v)));
+    }
+    s.push('\n');
+    s
+}
+
 /// Per tree, the latest record of that tree, ordered by when that record was written.
 fn per_tree<'a>(records: &[&'a Stored]) -> Vec<&'a Stored> {
     let mut m: BTreeMap<&str, &Stored> = BTreeMap::new();
@@ -285,7 +347,9 @@ fn unit_section(unit: &str, records: &[&Stored]) -> (String, Option<(String, Str
             s.push_str(&format!("- {x}\n"));
         }
     }
-    s.push_str("\n### History\n\n");
+    s.push('\n');
+    s.push_str(&judged(r));
+    s.push_str("### History\n\n");
     let (h, chart) = history(unit, records);
     s.push_str(&h);
     s.push('\n');
@@ -358,6 +422,46 @@ pub fn report(records_dir: &Path, out: &Path) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn judged_lists_verdicts_idle_checks_clock_and_noise() {
+        let rec: RecordView = serde_json::from_value(serde_json::json!({
+            "schema": 1,
+            "unit": {"name": "u"},
+            "project": {"tree": "t"},
+            "axes": [{"axis": "per output token, warm (median, n=4)", "unit": "s",
+                      "better": "lower", "ours": 1.0, "oracle": 2.0, "ratio": 0.5,
+                      "words": "ours 2.00x faster", "ours_refused": false,
+                      "oracle_refused": false, "note": null}],
+            "gates": [
+                {"gate": "token", "leg": "engine", "verdict": "pass", "sentence": "TOKEN MATCH: 8/8"},
+                {"gate": "kv", "leg": null, "verdict": "refused", "refusal": {"refusal": "kv_unmatched"},
+                 "sentence": "The KV pools could not be matched"},
+                {"gate": "clock", "leg": null, "verdict": "not_applicable", "sentence": "not applicable: no GPU"}
+            ],
+            "lease": {"idle_checks": ["before the oracle leg: GPU 0 idle (3 MiB in use)"]},
+            "clock_explain": {"sentence": "A median SM clock offset of 0.10% ..."},
+            "timings": {
+                "engine": {"per_token_s": [{"prompt": 0, "pass": 0, "s": 1.0}, {"prompt": 0, "pass": 1, "s": 1.1}],
+                           "throughput_tok_s": {"8": [100.0, 100.0]}},
+                "oracle": {"per_token_s": [{"prompt": 0, "pass": 0, "s": 2.0}, {"prompt": 0, "pass": 1, "s": 2.0}]}
+            }
+        }))
+        .unwrap();
+        let s = judged(&rec);
+        for want in [
+            "- pass, token (engine): TOKEN MATCH: 8/8\n",
+            "- **REFUSED**, kv: quoted above\n",
+            "- not applicable, clock: not applicable: no GPU\n",
+            "- idle, before the oracle leg: GPU 0 idle (3 MiB in use)\n",
+            "- clock explains: A median SM clock offset of 0.10% ...\n",
+            "- engine: per output token 1000 / 1100 ms over 2 repeats (spread 9.52%); throughput at batch 8 100.0 / 100.0 tok/s (spread 0.00%)\n",
+            "- oracle: per output token 2000 / 2000 ms over 2 repeats (spread 0.00%)\n",
+            "- so the per-token gap between the legs (50.00%) is larger than either leg's spread",
+        ] {
+            assert!(s.contains(want), "missing {want:?} in\n{s}");
+        }
+    }
 
     #[test]
     fn axis_keys_drop_the_sample_count() {
