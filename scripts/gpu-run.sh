@@ -32,6 +32,9 @@
 # main. On later calls, changes to that copy (other than this script's own outputs: records,
 # goldens, checkpoint.sha256, BENCHMARKS.md) are committed on top, so the tree follows the code.
 #
+# What a call made that belongs in the repository (records, goldens, checkpoint.sha256,
+# BENCHMARKS.md and charts) is also copied under OUT/tree/ at its path in the repository.
+#
 # Exit status: 0 every step ran and every run passed every gate; 1 every step ran, but some
 # record holds refusals (or report rejected a file); 2 a step failed (its log is named).
 # A failing unit does not stop the others.
@@ -147,6 +150,16 @@ log "units: ${units[*]}; steps: ${steps_arg}; logs: $out"
 failed=0 refused=0
 declare -A result=() mdfile=()
 note() { result[$1]="${result[$1]:-}$2; "; }
+# What this call made that belongs in the repository is also copied to $out/tree/<same path>,
+# so a caller that only gets $out back can lay it over its checkout and commit it.
+collect() {
+    local f rel
+    for f in "$@"; do
+        rel=${f#"$root"/}
+        [ -f "$root/$rel" ] || continue
+        mkdir -p "$out/tree/$(dirname "$rel")" && cp -p "$root/$rel" "$out/tree/$rel"
+    done
+}
 
 step_checkpoint() {
     local u=$1 dir=goldens/$1/model sums=goldens/$1/checkpoint.sha256 lg=$out/$1.checkpoint.log
@@ -171,6 +184,7 @@ step_checkpoint() {
     else
         (cd "$dir" && sha256sum -- *.safetensors *.json | grep -v generation_config) >"$sums"
         log "$u checkpoint: wrote $sums: commit it, with the golden"
+        collect "$sums"
     fi
     note "$u" "checkpoint: made"
 }
@@ -188,6 +202,7 @@ step_golden() {
         [ -f "goldens/$u/$f" ] || { log "$u golden: FAILED: capture did not write $f"; note "$u" "golden FAILED"; return 1; }
     done
     grep -E 'min top-2 margin|wrote' "$lg"
+    for f in "${missing[@]}"; do collect "goldens/$u/$f"; done
     note "$u" "golden: captured (commit it)"
 }
 
@@ -197,6 +212,7 @@ step_run() {
     "$orch" run "goldens/$u/unit.toml" --python "$py" >"$lg" 2>&1
     rc=$?
     mdfile[$u]=$(sed -n 's/^table:  //p' "$lg" | tail -n 1)
+    [ -n "${mdfile[$u]}" ] && collect "${mdfile[$u]%.md}".*
     case $rc in
         0) log "$u run: no gate refused (${mdfile[$u]})"; note "$u" "run: no refusal" ;;
         1) log "$u run: recorded WITH REFUSALS (${mdfile[$u]})"; note "$u" "run: refusals"; refused=1 ;;
@@ -215,7 +231,9 @@ done
 if [ -n "${want[report]:-}" ]; then
     log "report: orchestrator report (log $out/report.log)"
     "$orch" report >"$out/report.log" 2>&1
-    case $? in
+    rc=$?
+    [ $rc -le 1 ] && collect reports/BENCHMARKS.md reports/charts/*.svg
+    case $rc in
         0) log "report: $(tail -n 1 "$out/report.log")" ;;
         1) log "report: written, but some files were not read (see $out/report.log)"; refused=1 ;;
         *) log "report: FAILED (tail of $out/report.log):"; tail -n 5 "$out/report.log"; failed=1 ;;
@@ -231,8 +249,10 @@ for u in "${units[@]}"; do
     echo "   record: $md"
     # The table, then the gate verdicts and the clock's explanation.
     grep -E '^\|' "$md" | sed 's/^/   /'
-    sed -n '/^## GPU and host sampling/,$p' "$md" | grep -E '^- (clock:|pass|not applicable|\*\*REFUSED)' | sed 's/^/   /'
+    sed -n '/^## GPU and host sampling/,$p' "$md" |
+        grep -E '^- (clock:|engine:|oracle:|so |before the|pass|not applicable|\*\*REFUSED)' | sed 's/^/   /'
 done
+[ -d "$out/tree" ] && echo "-- to keep: $out/tree/ holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository"
 if [ $failed = 1 ]; then exit 2; fi
 if [ $refused = 1 ]; then exit 1; fi
 exit 0
