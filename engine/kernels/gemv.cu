@@ -10,7 +10,9 @@
 // MODE 3: as 0, of RMSNorm(x) with gain `gamma` (the norm computed by every block)
 // MODE 4: as 2, of RMSNorm(x)
 // MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
-//         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head)
+//         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head).
+//         The logits are rounded to bf16 first, as a bf16 model's lm_head output is (vLLM's
+//         and transformers'), so logits that tie there tie here and the lowest index wins.
 //
 // Requires cols % 8 == 0, 16-byte aligned rows, and (cols / 8) % ksplit == 0 (host-checked).
 
@@ -176,7 +178,7 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __
         __syncthreads();
         if (kpart == 0 && lane == 0) {
 #pragma unroll
-            for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? acc[0][b] : -INF_F;
+            for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? bf2f(f2bf(acc[0][b])) : -INF_F;
         }
         __syncthreads();
         if (threadIdx.x < B) {

@@ -926,12 +926,16 @@ impl Backend for CudaBackend {
     fn features(&self) -> serde_json::Value {
         serde_json::json!({
             "backend": "cuda",
-            "device": self.device_name,
+            // The protocol's device ("cpu" / "cuda:N", what goldens are matched by); the GPU's
+            // own name beside it.
+            "device": format!("cuda:{}", self.ctx.ordinal()),
+            "gpu": self.device_name,
             "ordinal": self.ctx.ordinal(),
             "arch": self.arch,
             "multiprocessors": self.sms,
             "dtype": "bfloat16",
             "activations": "float32",
+            "logits": "bfloat16 (rounded before the argmax, as a bf16 lm_head's output is)",
             "weights_dtype": self.cfg.dtype,
             "cuda_graphs": self.use_graphs,
             "pdl": self.pdl,

@@ -16,26 +16,52 @@ fn same(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// Members of object-valued keys that are never compared: which GPU the lease made visible
+/// decides where the oracle runs, not what it computes (the orchestrator sets it for a run; a
+/// capture by hand usually leaves it unset).
+const ALWAYS_IGNORED: &[&str] = &["env.CUDA_VISIBLE_DEVICES"];
+
+/// `value` without the members of `key` that `ignore` names as `key.member`.
+fn without_ignored(key: &str, value: Option<&Value>, ignore: &[&str]) -> Option<Value> {
+    let mut v = value.cloned()?;
+    if let Value::Object(map) = &mut v {
+        for member in ignore
+            .iter()
+            .filter_map(|i| i.strip_prefix(key).and_then(|rest| rest.strip_prefix('.')))
+        {
+            map.remove(member);
+        }
+    }
+    Some(v)
+}
+
 /// Keys whose values differ between the oracle's resolved config and the golden's capture.
+/// `ignore` holds top-level keys, or `key.member` for one member of an object-valued key.
 pub fn diffs(oracle: &LegRecord, golden: &Golden, ignore: &[String]) -> Vec<ConfigDiff> {
     let Some(ready) = oracle.ready.as_ref() else {
         return vec![];
     };
+    let ignore: Vec<&str> = ignore
+        .iter()
+        .map(String::as_str)
+        .chain(ALWAYS_IGNORED.iter().copied())
+        .collect();
     let ours = &ready.resolved;
     let theirs = &golden.capture.resolved;
     let keys: BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
     keys.into_iter()
-        .filter(|k| !ignore.contains(k))
+        .filter(|k| !ignore.contains(&k.as_str()))
         .filter_map(|k| {
-            let (a, b) = (ours.get(k.as_str()), theirs.get(k.as_str()));
-            let equal = match (a, b) {
+            let a = without_ignored(k, ours.get(k.as_str()), &ignore);
+            let b = without_ignored(k, theirs.get(k.as_str()), &ignore);
+            let equal = match (&a, &b) {
                 (Some(a), Some(b)) => same(a, b),
                 _ => false,
             };
             (!equal).then(|| ConfigDiff {
                 key: k.clone(),
-                oracle: a.cloned(),
-                golden: b.cloned(),
+                oracle: a,
+                golden: b,
             })
         })
         .collect()

@@ -112,8 +112,12 @@ pub fn leg_device_dtype(unit: &Unit, leg: &LegRecord) -> (String, String) {
         LegName::Oracle => (c.oracle.device.as_str(), c.oracle.dtype.as_str()),
     };
     let ready = leg.ready.as_ref();
+    // A device the goldens cannot be matched by (e.g. a GPU's name) falls back to the unit's.
+    let reported = ready
+        .and_then(|r| r.device())
+        .filter(|d| matches!(crate::unit::device_kind(d), "cpu" | "cuda"));
     (
-        ready.and_then(|r| r.device()).unwrap_or(dev).to_string(),
+        reported.unwrap_or(dev).to_string(),
         ready.and_then(|r| r.dtype()).unwrap_or(dt).to_string(),
     )
 }
@@ -250,6 +254,78 @@ mod tests {
                 },
             ],
         }
+    }
+
+    fn with_ready(mut leg: LegRecord, ready: serde_json::Value) -> LegRecord {
+        leg.ready = Some(serde_json::from_value(ready).unwrap());
+        leg
+    }
+
+    #[test]
+    fn a_device_that_is_no_device_kind_falls_back_to_the_units() {
+        let unit = Unit::parse(
+            std::path::Path::new("/u/unit.toml"),
+            "name = \"u\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\n\
+             [[golden]]\nfile = \"g.json\"\ndevice = \"cuda\"\ndtype = \"bfloat16\"\n\
+             [engine]\ndevice = \"cuda:0\"\n[oracle]\nbackend = \"vllm\"\n",
+        )
+        .unwrap();
+        let named = with_ready(
+            leg(vec![]),
+            serde_json::json!({"type": "ready", "load_s": 1.0, "kv": null,
+                "features": {"device": "NVIDIA H200", "dtype": "bfloat16"}}),
+        );
+        assert_eq!(
+            leg_device_dtype(&unit, &named),
+            ("cuda:0".to_string(), "bfloat16".to_string())
+        );
+        let cpu = with_ready(
+            leg(vec![]),
+            serde_json::json!({"type": "ready", "load_s": 1.0, "kv": null,
+                "features": {"device": "cpu", "dtype": "float32"}}),
+        );
+        assert_eq!(leg_device_dtype(&unit, &cpu).0, "cpu");
+    }
+
+    #[test]
+    fn golden_config_compares_env_members_but_never_the_visible_gpu() {
+        let mut g = golden();
+        g.capture.resolved = serde_json::from_value(serde_json::json!({
+            "seed": 0, "engine": "multi-process",
+            "env": {"CUDA_VISIBLE_DEVICES": null, "VLLM_ENABLE_V1_MULTIPROCESSING": null,
+                    "VLLM_ATTENTION_BACKEND": null}}))
+        .unwrap();
+        let ready = |engine: &str, mp: &str, attn: serde_json::Value| {
+            with_ready(
+                leg(vec![]),
+                serde_json::json!({"type": "ready", "load_s": 1.0, "kv": null,
+                    "resolved": {"seed": 0.0, "engine": engine,
+                        "env": {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": mp,
+                                "VLLM_ATTENTION_BACKEND": attn}}}),
+            )
+        };
+        let keys = |rec: &LegRecord, ignore: &[&str]| -> Vec<String> {
+            let ignore: Vec<String> = ignore.iter().map(|s| s.to_string()).collect();
+            golden_config::diffs(rec, &g, &ignore)
+                .into_iter()
+                .map(|d| d.key)
+                .collect()
+        };
+        let mp_off = ready("in-process", "0", serde_json::Value::Null);
+        assert_eq!(keys(&mp_off, &[]), vec!["engine", "env"]);
+        // Only the named member of env is ignored; another member still counts.
+        assert!(keys(&mp_off, &["engine", "env.VLLM_ENABLE_V1_MULTIPROCESSING"]).is_empty());
+        let attn = ready("in-process", "0", "FLASH_ATTN".into());
+        assert_eq!(
+            keys(&attn, &["engine", "env.VLLM_ENABLE_V1_MULTIPROCESSING"]),
+            vec!["env"]
+        );
+        // The same config on another visible GPU: no difference.
+        let same = ready("multi-process", "x", serde_json::Value::Null);
+        assert_eq!(
+            keys(&same, &["env.VLLM_ENABLE_V1_MULTIPROCESSING"]),
+            Vec::<String>::new()
+        );
     }
 
     fn leg(rows: Vec<(u32, Vec<Vec<u32>>)>) -> LegRecord {
