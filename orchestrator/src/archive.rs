@@ -16,6 +16,9 @@ pub struct RecordView {
     pub schema: u32,
     #[serde(default)]
     pub created_utc: String,
+    /// The orchestrator that wrote it: what its known errata are (`errata`).
+    #[serde(default)]
+    pub orchestrator_version: String,
     pub unit: UnitView,
     pub project: ProjectView,
     #[serde(default)]
@@ -242,7 +245,31 @@ pub fn parse(text: &str) -> Result<RecordView, String> {
         Some(0) => return Err("schema 0 is not a schema any orchestrator wrote.".into()),
         Some(_) => {}
     }
-    serde_json::from_value(v).map_err(|e| format!("it is not a schema {SCHEMA} record ({e})."))
+    let mut rec: RecordView = serde_json::from_value(v)
+        .map_err(|e| format!("it is not a schema {SCHEMA} record ({e})."))?;
+    errata(&mut rec);
+    Ok(rec)
+}
+
+/// Figures a released orchestrator is known to have got wrong, withdrawn as they are read (the
+/// record itself is never rewritten): the axis keeps its row, with no figure and the reason.
+fn errata(rec: &mut RecordView) {
+    if rec.orchestrator_version == "0.1.0" {
+        for a in rec
+            .axes
+            .iter_mut()
+            .filter(|a| a.axis.starts_with("peak host memory"))
+        {
+            a.ours = None;
+            a.oracle = None;
+            a.ratio = None;
+            a.words = "withdrawn".into();
+            a.note = Some(
+                "orchestrator 0.1.0 summed the memory of every thread as if each were a process (a leg with 16 threads read as 16 times its size); fixed in 0.2.0"
+                    .into(),
+            );
+        }
+    }
 }
 
 pub fn load_file(path: &Path, root: &Path) -> Result<Stored, Rejected> {

@@ -202,6 +202,8 @@ fn write_fixture_records(root: &Path) {
         "2026-11-04T12:00:00Z",
     );
     n.token_refused = true;
+    // Written by 0.1.0, whose peak host memory is withdrawn when read (archive.rs errata).
+    n.version = "0.1.0".into();
     n.write(root);
     std::fs::write(
         root.join("tiny-llama/20261105T000000Z-broken.json"),

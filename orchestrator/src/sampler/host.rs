@@ -26,7 +26,9 @@ pub fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// Sum of RSS of `root` and all its descendants.
+/// Sum of RSS of `root` and all its descendant processes. sysinfo lists a process's threads as
+/// tasks with the process's own memory: they are skipped, or a leg with a hundred threads (vLLM)
+/// would read as a hundred times its memory.
 pub fn tree_rss(sys: &mut System, root: u32) -> u64 {
     sys.refresh_processes_specifics(
         ProcessesToUpdate::All,
@@ -36,7 +38,7 @@ pub fn tree_rss(sys: &mut System, root: u32) -> u64 {
     let procs = sys.processes();
     let root = Pid::from_u32(root);
     let mut total = 0;
-    for (pid, p) in procs {
+    for (pid, p) in procs.iter().filter(|(_, p)| p.thread_kind().is_none()) {
         // Walk up the parent chain; trees are shallow, and the depth bound guards against cycles.
         let mut cur = Some(*pid);
         for _ in 0..64 {
@@ -72,5 +74,28 @@ mod tests {
     fn sees_its_own_process() {
         let mut sys = System::new();
         assert!(tree_rss(&mut sys, std::process::id()) > 1 << 20);
+    }
+
+    #[test]
+    fn threads_do_not_multiply_the_process_memory() {
+        let mut sys = System::new();
+        let alone = tree_rss(&mut sys, std::process::id());
+        let stop = std::sync::Arc::new(std::sync::Barrier::new(9));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    stop.wait();
+                })
+            })
+            .collect();
+        let with_threads = tree_rss(&mut sys, std::process::id());
+        stop.wait();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        // Eight more threads add stacks, not eight more copies of the process.
+        assert!(
+            with_threads < alone * 2,
+            "{alone} bytes alone, {with_threads} with 8 threads"
+        );
     }
 }

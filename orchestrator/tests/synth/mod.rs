@@ -34,6 +34,8 @@ pub struct Synth {
     pub seed: u64,
     pub token_refused: bool,
     pub kv_refused: bool,
+    /// The orchestrator_version the record claims (0.1.0 has a known erratum: archive.rs).
+    pub version: String,
 }
 
 impl Synth {
@@ -53,6 +55,7 @@ impl Synth {
             seed: 1,
             token_refused: false,
             kv_refused: false,
+            version: "0.2.0".into(),
         }
     }
 
@@ -187,7 +190,7 @@ impl Synth {
         json!({
             "schema": 1,
             "created_utc": self.created,
-            "orchestrator_version": "0.1.0",
+            "orchestrator_version": self.version,
             "command": ["orchestrator", "run", format!("goldens/{}/unit.toml", self.unit)],
             "unit": {"name": self.unit, "path": format!("/p/goldens/{}/unit.toml", self.unit), "config": {
                 "name": self.unit, "model": "model",
