@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::archive::{self, AxisView, RecordView, SampleView, Stored, TimingsView};
 use crate::stats;
-use crate::table::fmt_num;
+use crate::table::{fmt_num, md_head, md_row};
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_REGRESSED: i32 = 1;
@@ -730,22 +730,13 @@ pub fn render_terminal(c: &Comparison) -> String {
         for n in &u.notes {
             s.push_str(&format!("{n}\n"));
         }
-        for r in &u.rows {
-            s.push_str(&format!(
-                "- {}, {}: {} {}\n",
-                r.axis, r.measure, r.verdict, r.why
-            ));
-        }
+        push_verdicts(&mut s, u);
     }
-    for p in &c.unpaired {
-        s.push_str(&format!("\n{p}\n"));
-    }
-    s.push_str(&format!("\n{}\n", exit_sentence(c)));
+    push_footer(&mut s, c);
     s
 }
 
 pub fn render_markdown(c: &Comparison) -> String {
-    let esc = |s: &str| s.replace('|', "\\|");
     let mut s = format!("# compare {} -> {}\n\n{}\n", c.base, c.head, c.thresholds);
     for u in &c.units {
         s.push_str(&format!("\n## {}\n\n", heading(u)));
@@ -753,31 +744,36 @@ pub fn render_markdown(c: &Comparison) -> String {
             s.push_str(&format!("{r}\n"));
             continue;
         }
-        s.push_str(&format!(
-            "| {} |\n|{}\n",
-            HEADER.join(" | "),
-            " --- |".repeat(HEADER.len())
-        ));
+        s.push_str(&md_head(&HEADER));
         for r in &u.rows {
-            let c: Vec<String> = cells(r).iter().map(|x| esc(x)).collect();
-            s.push_str(&format!("| {} |\n", c.join(" | ")));
+            s.push_str(&md_row(&cells(r)));
         }
         s.push('\n');
         for n in &u.notes {
             s.push_str(&format!("{n}\n\n"));
         }
-        for r in &u.rows {
-            s.push_str(&format!(
-                "- {}, {}: {} {}\n",
-                r.axis, r.measure, r.verdict, r.why
-            ));
-        }
+        push_verdicts(&mut s, u);
     }
+    push_footer(&mut s, c);
+    s
+}
+
+/// One line per row: its axis, measure, verdict and why (both renderers).
+fn push_verdicts(s: &mut String, u: &UnitComparison) {
+    for r in &u.rows {
+        s.push_str(&format!(
+            "- {}, {}: {} {}\n",
+            r.axis, r.measure, r.verdict, r.why
+        ));
+    }
+}
+
+/// The records that had no partner, then the sentence that explains the exit status.
+fn push_footer(s: &mut String, c: &Comparison) {
     for p in &c.unpaired {
         s.push_str(&format!("\n{p}\n"));
     }
     s.push_str(&format!("\n{}\n", exit_sentence(c)));
-    s
 }
 
 #[cfg(test)]

@@ -285,19 +285,28 @@ pub fn render_terminal(axes: &[Axis]) -> String {
     t.to_string()
 }
 
-pub fn render_markdown(axes: &[Axis]) -> String {
-    let esc = |s: &str| s.replace('|', "\\|");
-    let mut out = format!(
+/// A Markdown table's header and rule lines.
+pub fn md_head(header: &[&str]) -> String {
+    format!(
         "| {} |\n|{}\n",
-        HEADER.join(" | "),
-        " --- |".repeat(HEADER.len())
-    );
+        header.join(" | "),
+        " --- |".repeat(header.len())
+    )
+}
+
+/// One Markdown table row, `|` in a cell escaped.
+pub fn md_row<S: AsRef<str>>(cells: &[S]) -> String {
+    let cells: Vec<String> = cells
+        .iter()
+        .map(|c| c.as_ref().replace('|', "\\|"))
+        .collect();
+    format!("| {} |\n", cells.join(" | "))
+}
+
+pub fn render_markdown(axes: &[Axis]) -> String {
+    let mut out = md_head(&HEADER);
     for a in axes {
-        let r = row(a);
-        out.push_str(&format!(
-            "| {} |\n",
-            r.iter().map(|c| esc(c)).collect::<Vec<_>>().join(" | ")
-        ));
+        out.push_str(&md_row(&row(a)));
     }
     out
 }

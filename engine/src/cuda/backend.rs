@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream};
 
-use super::device::{driver_err, DevBuf};
+use super::device::{driver_err, ptr_or_null, DevBuf};
 use super::kernels;
 use super::plan::{self, DecodeLayout, PrefillLayout, ATT_THREADS, GEMV_THREADS, PREFILL_CHUNK};
 use crate::backend::{Backend, DecodeItem};
@@ -409,9 +409,8 @@ impl CudaBackend {
     ) -> Result<()> {
         let c = &self.cfg;
         let l = &self.layers[layer];
-        let opt = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
         launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
-            qkv, opt(&l.qkv_bias), opt(&l.q_norm), opt(&l.k_norm), c.rms_norm_eps,
+            qkv, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, positions, row_table, tables, max_blocks as i32,
             self.k_cache[layer].ptr, self.v_cache[layer].ptr, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
@@ -441,7 +440,6 @@ impl CudaBackend {
     ) -> Result<()> {
         let c = &self.cfg;
         let l = &self.layers[layer];
-        let opt = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         launch!(&self.f.attention, &self.stream, self.pdl,
             (rows as u32, c.num_kv_heads as u32, splits as u32), ATT_THREADS,
@@ -449,8 +447,8 @@ impl CudaBackend {
             qkv, self.qkv_width() as i32, self.k_cache[layer].ptr, self.v_cache[layer].ptr,
             positions, row_table, tables, max_blocks as i32, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, scale,
-            part_o, part_ml, counts, out_f32, out_bf16, opt(&l.qkv_bias), opt(&l.q_norm),
-            opt(&l.k_norm), c.rms_norm_eps, if rope { self.inv_freq.ptr } else { 0 })?;
+            part_o, part_ml, counts, out_f32, out_bf16, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm),
+            ptr_or_null(&l.k_norm), c.rms_norm_eps, if rope { self.inv_freq.ptr } else { 0 })?;
         self.mark("attention", 0)
     }
 

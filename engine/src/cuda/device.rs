@@ -78,6 +78,11 @@ impl DevBuf {
     }
 }
 
+/// An optional buffer's address as a kernel argument: null (0) where there is none.
+pub fn ptr_or_null(b: &Option<DevBuf>) -> sys::CUdeviceptr {
+    b.as_ref().map_or(0, |b| b.ptr)
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         // SAFETY: allocated by malloc_sync and freed only here.

@@ -76,8 +76,8 @@ pub fn weight_bytes(cfg: &ModelConfig) -> usize {
 /// Dynamic shared memory of one attention block: the group's queries, each warp's output and
 /// its (max, sum) per query head, all f32.
 pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
-    let gd = cfg.num_heads / cfg.num_kv_heads * cfg.head_dim;
     let g = cfg.num_heads / cfg.num_kv_heads;
+    let gd = g * cfg.head_dim;
     (4 * (gd + ATT_WARPS * gd + ATT_WARPS * g * 2)) as u32
 }
 
