@@ -2,16 +2,15 @@
 // 0..=positions[row] through a block table (decode: one row per sequence; prefill: one row per
 // prompt token, all sharing one table). Split over the context (flash-decoding): block
 // (row, kv_head, split) covers a contiguous share of the positions for the query heads of one
-// KV group. Inside a block each warp takes every ATT_WARPS-th chunk of 32 positions with an
-// online softmax of its own, and the warps are merged in shared memory; across blocks, the last
-// split of a (row, KV head) to finish merges the splits, so there is no separate combine pass.
+// KV group. Inside a block the warps take interleaved steps of positions, each with an online
+// softmax of its own, and are merged in shared memory; across blocks, the last split of a
+// (row, KV head) to finish merges the splits, so there is no separate combine pass.
 // How many splits a row uses depends on its context length alone (one per ATT_SPLIT_MIN
 // positions, at most gridDim.z), so a row's result does not depend on the batch it is in, and
 // one captured graph serves every step: blocks past a row's split count return at once.
-#define ATT_MAXG 8   // query heads per KV head
-#define ATT_MAXT 4   // head_dim <= 128: lane holds dims lane + 32 t
+#define ATT_MAXG 8   // query heads per KV head (kernels for G = 1, 2, 4, 8: the next power of two)
 #define ATT_WARPS 4  // warps per block (plan.rs ATT_THREADS = 32 x this)
-#define ATT_SPLIT_MIN (32 * ATT_WARPS)
+#define ATT_SPLIT_MIN 64
 
 __device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t at, float v) {
     if (out_f32) out_f32[at] = v;
@@ -22,9 +21,10 @@ __device__ __forceinline__ int att_splits(int ctx, int max_splits) {
     return min(max_splits, max(1, (ctx + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN));
 }
 
-// Scores: a lane per position (the whole K row, 16-byte loads, against the group's queries in
-// shared memory, so no shuffles per dot product); softmax across the warp; values: lanes across
-// the head dimension, each position's weight broadcast by a shuffle.
+// Scores and values: a position's K and V rows are spread over a group of lanes, 16 bytes each,
+// which hold the same 8 dimensions of the group's queries in registers; a score is summed over
+// its group by shuffles. Decode's step is a chain of short dependent loads, so the work of one
+// position is spread wide rather than looped over by one lane.
 // part_o: [rows][H][S][D] f32 (unnormalised), part_ml: [rows][H][S][2] (max, sum); S = gridDim.z.
 // counts: [rows][KVH] arrival tickets, zero between launches (the merging block resets its own).
 // out: [rows][H * D], f32 and/or bf16 (null: not written).
@@ -32,8 +32,8 @@ __device__ __forceinline__ int att_splits(int ctx, int max_splits) {
 // (decode, one row per sequence).
 // Dynamic shared memory (plan.rs attention_smem_bytes): queries [g][D], the warps' outputs
 // [ATT_WARPS][g][D] and their (max, sum) [ATT_WARPS][g][2], all f32.
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-attention(const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache,
+template <int G>
+__device__ __forceinline__ void attention_body(const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache,
           bf16* __restrict__ v_cache, const int* __restrict__ positions,
           const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,
           int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
@@ -99,83 +99,77 @@ attention(const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache,
     const bf16* kbase = k_cache + (size_t)kvh * head_stride;
     const bf16* vbase = v_cache + (size_t)kvh * head_stride;
 
-    float m[ATT_MAXG], l[ATT_MAXG], acc[ATT_MAXG][ATT_MAXT];
+    // A position's K (and V) row is read by `lpp` lanes, 8 dimensions (16 bytes) each, so a warp
+    // takes 32 / lpp positions per step with one load of K and one of V per lane, and the loads
+    // of the next step are in flight while this one is used.
+    const int dl = head_dim >> 3;
+    int lpp = 1;
+    while (lpp < dl) lpp <<= 1;
+    const int ppw = 32 / lpp, step = ppw * ATT_WARPS;
+    const int sub = lane & (lpp - 1), slot = lane / lpp;
+    const bool has_dims = sub < dl;
+    float qr[G][8], m[G], l[G], acc[G][8];
 #pragma unroll
-    for (int h = 0; h < ATT_MAXG; h++) {
+    for (int h = 0; h < G; h++) {
         m[h] = -INF_F;
         l[h] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < ATT_MAXT; t++) acc[h][t] = 0.0f;
-    }
-    for (int base = start + 32 * warp; base < end; base += 32 * ATT_WARPS) {
-        const int pos = base + lane;
-        const bool valid = pos < end;
-        float sc[ATT_MAXG];
-#pragma unroll
-        for (int h = 0; h < ATT_MAXG; h++) sc[h] = 0.0f;
-        // This lane's position's row offset in the cache, shared with the value loop below so
-        // that it does not look the block table up again, position by position.
-        const long long off = valid ? (long long)table[pos / block_size] * (long long)block_stride +
-                                          (long long)(pos % block_size) * head_dim
-                                    : 0;
-        if (valid) {
-            const uint4* k4 = reinterpret_cast<const uint4*>(kbase + off);
-            for (int c = 0; c < head_dim / 8; c++) {
-                const uint4 kv = k4[c];
-                const float k0 = bf_lo(kv.x), k1 = bf_hi(kv.x), k2 = bf_lo(kv.y), k3 = bf_hi(kv.y);
-                const float k5 = bf_lo(kv.z), k6 = bf_hi(kv.z), k7 = bf_lo(kv.w), k8 = bf_hi(kv.w);
-#pragma unroll
-                for (int h = 0; h < ATT_MAXG; h++) {
-                    if (h < g) {
-                        const float4* qh = reinterpret_cast<const float4*>(qs + h * head_dim) + 2 * c;
-                        const float4 a = qh[0], b = qh[1];
-                        sc[h] += a.x * k0 + a.y * k1 + a.z * k2 + a.w * k3 + b.x * k5 + b.y * k6 + b.z * k7 + b.w * k8;
-                    }
-                }
-            }
+        for (int j = 0; j < 8; j++) {
+            qr[h][j] = (h < g && has_dims) ? qs[h * head_dim + 8 * sub + j] : 0.0f;
+            acc[h][j] = 0.0f;
         }
-        float p[ATT_MAXG];
+    }
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    uint4 kn = zero, vn = zero;
+    int base = start + warp * ppw;
+    auto fetch = [&](int pos) {
+        if (pos < end && has_dims) {
+            const long long off = (long long)table[pos / block_size] * (long long)block_stride +
+                                  (long long)(pos % block_size) * head_dim + 8 * sub;
+            kn = *reinterpret_cast<const uint4*>(kbase + off);
+            vn = *reinterpret_cast<const uint4*>(vbase + off);
+        } else {
+            kn = zero;
+            vn = zero;
+        }
+    };
+    fetch(base + slot);
+    for (; base < end; base += step) {
+        const bool valid = base + slot < end;
+        const uint4 k = kn, v = vn;
+        fetch(base + step + slot);
+        const float kf[8] = {bf_lo(k.x), bf_hi(k.x), bf_lo(k.y), bf_hi(k.y),
+                             bf_lo(k.z), bf_hi(k.z), bf_lo(k.w), bf_hi(k.w)};
+        const float vf[8] = {bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y),
+                             bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w)};
 #pragma unroll
-        for (int h = 0; h < ATT_MAXG; h++) {
-            p[h] = 0.0f;
+        for (int h = 0; h < G; h++) {
             if (h < g) {
-                const float sh = valid ? sc[h] : -INF_F;
+                float sc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) sc = fmaf(qr[h][j], kf[j], sc);
+                for (int o = lpp >> 1; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+                const float sh = valid ? sc : -INF_F;
                 const float mnew = fmaxf(m[h], warp_max(sh));
-                const float corr = expf(m[h] - mnew);  // 0 on the first chunk (m = -inf)
-                p[h] = valid ? expf(sh - mnew) : 0.0f;
-                l[h] = l[h] * corr + warp_sum(p[h]);
+                const float corr = expf(m[h] - mnew);  // 0 on the first step (m = -inf)
+                const float p = valid ? expf(sh - mnew) : 0.0f;
+                l[h] = l[h] * corr + warp_sum(sub == 0 ? p : 0.0f);
                 m[h] = mnew;
 #pragma unroll
-                for (int t = 0; t < ATT_MAXT; t++) acc[h][t] *= corr;
-            }
-        }
-        const int n = min(32, end - base);
-#pragma unroll 8
-        for (int j = 0; j < n; j++) {
-            const bf16* v = vbase + __shfl_sync(0xffffffffu, off, j);
-            float vd[ATT_MAXT];
-#pragma unroll
-            for (int t = 0; t < ATT_MAXT; t++) {
-                const int d = lane + 32 * t;
-                vd[t] = d < head_dim ? bf2f(v[d]) : 0.0f;
-            }
-#pragma unroll
-            for (int h = 0; h < ATT_MAXG; h++) {
-                if (h < g) {
-                    const float w = __shfl_sync(0xffffffffu, p[h], j);
-#pragma unroll
-                    for (int t = 0; t < ATT_MAXT; t++) acc[h][t] = fmaf(w, vd[t], acc[h][t]);
-                }
+                for (int j = 0; j < 8; j++) acc[h][j] = fmaf(p, vf[j], acc[h][j] * corr);
             }
         }
     }
+    // Sum the warp's positions: lanes with the same `sub` hold the same dimensions.
 #pragma unroll
-    for (int h = 0; h < ATT_MAXG; h++) {
+    for (int h = 0; h < G; h++) {
         if (h < g) {
 #pragma unroll
-            for (int t = 0; t < ATT_MAXT; t++) {
-                const int d = lane + 32 * t;
-                if (d < head_dim) wo[(warp * g + h) * head_dim + d] = acc[h][t];
+            for (int j = 0; j < 8; j++)
+                for (int o = lpp; o < 32; o <<= 1) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+            if (slot == 0 && has_dims) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) wo[(warp * g + h) * head_dim + 8 * sub + j] = acc[h][j];
             }
             if (lane == 0) {
                 wml[(warp * g + h) * 2] = m[h];
@@ -233,3 +227,21 @@ attention(const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache,
         att_store(out_f32, out_bf16, ((size_t)row * num_heads + head) * head_dim + d, o / L);
     }
 }
+
+#define ATT_KERNEL(G)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention_g##G(                       \
+        const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
+        const int* __restrict__ positions, const int* __restrict__ row_table,                          \
+        const int* __restrict__ block_tables, int max_blocks, int num_heads, int num_kv_heads,         \
+        int head_dim, int block_size, float scale, float* __restrict__ part_o,                         \
+        float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32,            \
+        bf16* __restrict__ out_bf16, const bf16* __restrict__ bias, const bf16* __restrict__ q_norm,   \
+        const bf16* __restrict__ k_norm, float eps, const float* __restrict__ inv_freq) {              \
+        attention_body<G>(qkv, ld_qkv, k_cache, v_cache, positions, row_table, block_tables,          \
+                          max_blocks, num_heads, num_kv_heads, head_dim, block_size, scale, part_o,   \
+                          part_ml, counts, out_f32, out_bf16, bias, q_norm, k_norm, eps, inv_freq);   \
+    }
+ATT_KERNEL(1)
+ATT_KERNEL(2)
+ATT_KERNEL(4)
+ATT_KERNEL(8)

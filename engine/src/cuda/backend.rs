@@ -45,6 +45,9 @@ struct Funcs {
     argmax_final: CudaFunction,
     /// gemv[mode][batch - 1]
     gemv: Vec<Vec<CudaFunction>>,
+    /// Blocks of each streaming GEMV (modes 0-4) resident on the whole GPU at once, its
+    /// persistent grid: resident[mode][batch - 1].
+    resident: Vec<Vec<usize>>,
 }
 
 struct DecodeBufs {
@@ -222,7 +225,7 @@ impl CudaBackend {
         plan::check_fits(cfg, max_batch, &pool, free, total)?;
 
         let (module, provenance) = kernels::load(&ctx, &arch, driver)?;
-        let f = Funcs::load(&module)?;
+        let f = Funcs::load(&module, cfg, sms)?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| Error::Load {
             message: format!("cuBLAS (libcublas.so.13) could not start: {e:?}"),
         })?;
@@ -243,19 +246,25 @@ impl CudaBackend {
         dec.row_table.write(0, &identity)?;
 
         let mut degraded = Vec::new();
-        let profiler = if std::env::var_os("ENGINE_PROFILE").is_some() {
-            degraded.push(
-                "profiling: an event after every kernel, graphs off (ENGINE_PROFILE is set)".into(),
-            );
-            Some(Profiler::new(&ctx)?)
-        } else {
-            None
+        let profile = std::env::var("ENGINE_PROFILE").ok();
+        let per_kernel = profile.as_deref() != Some("step");
+        let profiler = match &profile {
+            Some(_) if per_kernel => {
+                degraded.push(
+                    "profiling: an event after every kernel, graphs off (ENGINE_PROFILE is set)"
+                        .into(),
+                );
+                Some(Profiler::new(&ctx, true)?)
+            }
+            Some(_) => Some(Profiler::new(&ctx, false)?),
+            None => None,
         };
-        let use_graphs = std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_none() && profiler.is_none();
+        let kernel_profile = profiler.is_some() && per_kernel;
+        let use_graphs = std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_none() && !kernel_profile;
         if std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_some() {
             degraded.push("cuda_graphs: off (ENGINE_NO_CUDA_GRAPHS is set)".into());
         }
-        let pdl = major >= 9 && std::env::var_os("ENGINE_NO_PDL").is_none() && profiler.is_none();
+        let pdl = major >= 9 && std::env::var_os("ENGINE_NO_PDL").is_none() && !kernel_profile;
         if major >= 9 && std::env::var_os("ENGINE_NO_PDL").is_some() {
             degraded.push("pdl: off (ENGINE_NO_PDL is set)".into());
         }
@@ -329,11 +338,11 @@ impl CudaBackend {
         self.mark("rmsnorm", 0)
     }
 
-    /// With ENGINE_PROFILE: an event after the kernel just launched, timed after the step.
+    /// With ENGINE_PROFILE=1: an event after the kernel just launched, timed after the step.
     fn mark(&self, name: &'static str, bytes: usize) -> Result<()> {
         match &self.profiler {
-            Some(p) => p.mark(name, bytes, &self.stream),
-            None => Ok(()),
+            Some(p) if p.per_kernel => p.mark(name, bytes, &self.stream),
+            _ => Ok(()),
         }
     }
 
@@ -354,9 +363,18 @@ impl CudaBackend {
         gamma: u64,
         parts: u64,
     ) -> Result<()> {
-        let ksplit = plan::gemv_ksplit(rows, cols);
+        let (ksplit, grid) = if mode == 5 {
+            let k = plan::lm_head_ksplit(rows, cols);
+            (k, plan::gemv_blocks(rows, k))
+        } else {
+            let k = plan::gemv_ksplit(rows, cols);
+            (
+                k,
+                plan::gemv_grid(rows, k, self.f.resident[mode][batch - 1]),
+            )
+        };
         launch!(&self.f.gemv[mode][batch - 1], &self.stream, self.pdl,
-            (plan::gemv_blocks(rows, ksplit), 1, 1), GEMV_THREADS, 0;
+            (grid, 1, 1), GEMV_THREADS, 0;
             w, x, y, rows as i32, cols as i32, cols as i32, rows as i32, ksplit as i32, gamma,
             self.cfg.rms_norm_eps, parts)?;
         let weight_rows = if mode == 2 || mode == 4 {
@@ -613,24 +631,34 @@ impl CudaBackend {
 }
 
 impl Funcs {
-    fn load(module: &Arc<CudaModule>) -> Result<Self> {
+    fn load(module: &Arc<CudaModule>, cfg: &ModelConfig, sms: usize) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
         let mut gemv = Vec::new();
+        let mut resident = Vec::new();
         for mode in 0..6 {
-            gemv.push(
-                (1..=plan::MAX_GEMV_BATCH)
-                    .map(|b| k(&format!("gemv_m{mode}_b{b}")))
+            let fs = (1..=plan::MAX_GEMV_BATCH)
+                .map(|b| k(&format!("gemv_m{mode}_b{b}")))
+                .collect::<Result<Vec<_>>>()?;
+            resident.push(
+                fs.iter()
+                    .map(|f| {
+                        f.occupancy_max_active_blocks_per_multiprocessor(GEMV_THREADS, 0, None)
+                            .map(|n| n as usize * sms)
+                            .map_err(driver_err("occupancy query"))
+                    })
                     .collect::<Result<Vec<_>>>()?,
             );
+            gemv.push(fs);
         }
         Ok(Self {
             embed: k("embed_gather")?,
             rmsnorm: k("rmsnorm")?,
             rope_kv: k("rope_kv")?,
-            attention: k("attention")?,
+            attention: k(&plan::attention_kernel(cfg))?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
             gemv,
+            resident,
         })
     }
 }
@@ -895,15 +923,21 @@ impl Backend for CudaBackend {
             self.dec.positions.write(0, &pos)?;
             self.dec.tables.write(0, &self.host_tables[..batch * mb])?;
         }
-        self.mark("start", 0)?;
+        let wall = std::time::Instant::now();
+        if let Some(p) = &self.profiler {
+            p.mark("start", 0, &self.stream)?;
+        }
         match &self.graphs[batch - 1] {
             Some(g) => g.launch().map_err(driver_err("graph launch"))?,
             None => self.step_kernels(batch)?,
         }
+        if let Some(p) = self.profiler.as_ref().filter(|p| !p.per_kernel) {
+            p.mark("step (GPU)", 0, &self.stream)?;
+        }
         let mut toks = vec![0i32; batch];
         self.dec.tokens.read(&mut toks, &self.stream)?;
         if let Some(p) = &self.profiler {
-            p.end_step()?;
+            p.end_step(wall.elapsed().as_secs_f64())?;
         }
         self.rows = wanted
             .into_iter()
@@ -956,7 +990,11 @@ impl Drop for CudaBackend {
 
 /// ENGINE_PROFILE=1: an event after every decode kernel (graphs off), the time between
 /// consecutive events summed per kernel role, and achieved bandwidth for the GEMVs.
+/// ENGINE_PROFILE=step: graphs and PDL as configured, events around each decode step only: the
+/// step's time on the GPU against its wall time in `decode` (the host's share of a token).
 struct Profiler {
+    per_kernel: bool,
+    wall_s: std::cell::Cell<f64>,
     events: Vec<cudarc::driver::CudaEvent>,
     marks: std::cell::RefCell<Vec<(&'static str, usize)>>,
     totals: std::cell::RefCell<std::collections::BTreeMap<&'static str, (usize, f64, usize)>>,
@@ -966,12 +1004,14 @@ struct Profiler {
 impl Profiler {
     const EVENTS: usize = 1024;
 
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+    fn new(ctx: &Arc<CudaContext>, per_kernel: bool) -> Result<Self> {
         let events = (0..Self::EVENTS)
             .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(driver_err("event create"))?;
         Ok(Self {
+            per_kernel,
+            wall_s: Default::default(),
             events,
             marks: Default::default(),
             totals: Default::default(),
@@ -994,7 +1034,8 @@ impl Profiler {
     }
 
     /// After the step's synchronising read: fold its intervals into the totals.
-    fn end_step(&self) -> Result<()> {
+    fn end_step(&self, wall_s: f64) -> Result<()> {
+        self.wall_s.set(self.wall_s.get() + wall_s);
         let marks = self.marks.borrow();
         let mut totals = self.totals.borrow_mut();
         for i in 1..marks.len() {
@@ -1014,6 +1055,15 @@ impl Profiler {
         let steps = self.steps.get().max(1);
         let totals = self.totals.borrow();
         let all: f64 = totals.values().map(|t| t.1).sum();
+        let wall_ms = self.wall_s.get() * 1e3 / steps as f64;
+        if !self.per_kernel {
+            return format!(
+                "step profile over {steps} decode steps: {:.3} ms on the GPU, {wall_ms:.3} ms of \
+                 wall time in decode (graph launch to tokens read), {:.1}% of it on the host",
+                all / steps as f64,
+                100.0 * (1.0 - all / steps as f64 / wall_ms)
+            );
+        }
         let mut out = format!(
             "kernel profile over {steps} decode steps: {:.3} ms per step\n{:<16} {:>8} {:>12} {:>10} {:>7} {:>9}\n",
             all / steps as f64,

@@ -17,11 +17,12 @@ const ATT_WARPS: usize = 4;
 pub const ATT_THREADS: u32 = 32 * ATT_WARPS as u32;
 /// Most query heads per KV head the attention kernel holds (`ATT_MAXG` in attention.cu).
 pub const ATT_MAXG: usize = 8;
-/// Largest head dimension the attention kernel handles (`ATT_MAXT` x 32 lanes).
+/// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
-/// split per 128 positions of its context, up to this many, whatever the batch (attention.cu).
-pub const MAX_SPLITS: usize = 8;
+/// split per 64 positions of its context (`ATT_SPLIT_MIN`), up to this many, whatever the batch
+/// (attention.cu).
+pub const MAX_SPLITS: usize = 16;
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -81,11 +82,11 @@ pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
     (4 * (gd + ATT_WARPS * gd + ATT_WARPS * g * 2)) as u32
 }
 
-/// Warps that share one output row of a GEMV, each summing a contiguous slice of K: a power of
-/// two chosen from the matrix's shape alone (so a row's sum does not depend on the batch), large
-/// enough that the grid has about [`GEMV_TARGET_WARPS`] warps, while every lane still gets a
-/// 16-byte chunk of its slice.
-pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
+/// Warps that share one output row of the lm_head's GEMV (mode 5), each summing a contiguous
+/// slice of K: a power of two chosen from the matrix's shape alone (so a row's sum does not
+/// depend on the batch), large enough that the grid has about [`GEMV_TARGET_WARPS`] warps, while
+/// every lane still gets a 16-byte chunk of its slice.
+pub fn lm_head_ksplit(rows: usize, cols: usize) -> usize {
     let chunks = cols / 8;
     let mut k = 1;
     while k < GEMV_WARPS
@@ -98,6 +99,34 @@ pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
     k
 }
 
+/// Warps that share one output row of a streaming GEMV (modes 0-4), from the matrix's shape
+/// alone so that a row's sum does not depend on the batch: two for matrices of fewer than
+/// [`GEMV_TARGET_WARPS`] rows (more warps, so more loads, in flight per row), one for taller
+/// ones, which have rows enough. Measured on the H200 (scripts/gemv-bench): two is the best or
+/// within 5% of it at batch 1 for every Llama-3.2-1B and -3.1-8B matrix but gate/up, for which
+/// one is 20-25% faster at batch 8.
+pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
+    let chunks = cols / 8;
+    if rows < GEMV_TARGET_WARPS && chunks % 2 == 0 && chunks / 2 >= 32 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Blocks of a streaming GEMV: one per row group while they all fit on the GPU at once
+/// (`resident` blocks), else `resident`, each then walking several groups.
+pub fn gemv_grid(rows: usize, ksplit: usize, resident: usize) -> u32 {
+    gemv_blocks(rows, ksplit).min(resident.max(1) as u32)
+}
+
+/// The attention kernel for the model's query heads per KV head: `attention_g{G}`, G the next
+/// power of two (its register arrays are sized by G).
+pub fn attention_kernel(cfg: &ModelConfig) -> String {
+    let g = cfg.num_heads / cfg.num_kv_heads;
+    format!("attention_g{}", g.next_power_of_two())
+}
+
 /// Blocks of a GEMV over `rows` output rows, `ksplit` warps per row.
 pub fn gemv_blocks(rows: usize, ksplit: usize) -> u32 {
     rows.div_ceil(GEMV_WARPS / ksplit) as u32
@@ -105,7 +134,10 @@ pub fn gemv_blocks(rows: usize, ksplit: usize) -> u32 {
 
 /// Blocks of the lm_head GEMV, each leaving one argmax candidate per sequence.
 pub fn lm_head_blocks(cfg: &ModelConfig) -> usize {
-    gemv_blocks(cfg.vocab_size, gemv_ksplit(cfg.vocab_size, cfg.hidden_size)) as usize
+    gemv_blocks(
+        cfg.vocab_size,
+        lm_head_ksplit(cfg.vocab_size, cfg.hidden_size),
+    ) as usize
 }
 
 /// Elements of every decode buffer, for `max_batch` sequences.
@@ -268,16 +300,24 @@ mod tests {
         assert_eq!(gemv_blocks(2048, 1), 256);
         assert_eq!(gemv_blocks(2049, 1), 257);
         assert_eq!(gemv_blocks(2048, 4), 1024);
-        // Llama-3.2-1B: qkv, o, gate/up pairs, down, lm_head.
-        assert_eq!(gemv_ksplit(3072, 2048), 4);
-        assert_eq!(gemv_ksplit(2048, 2048), 4);
+        // lm_head-style (one warp per row): short matrices split K over more warps.
+        assert_eq!(lm_head_ksplit(3072, 2048), 4);
+        assert_eq!(lm_head_ksplit(2048, 8192), 4);
+        assert_eq!(lm_head_ksplit(128256, 2048), 1);
+        assert_eq!(lm_head_ksplit(64, 1024), 4);
+        // Streaming GEMVs: Llama-3.2-1B q/k/v, o, gate/up, down; Llama-3.1-8B gate/up.
+        assert_eq!(gemv_ksplit(3072, 2048), 2);
+        assert_eq!(gemv_ksplit(2048, 2048), 2);
         assert_eq!(gemv_ksplit(8192, 2048), 1);
-        assert_eq!(gemv_ksplit(2048, 8192), 4);
-        assert_eq!(gemv_ksplit(128256, 2048), 1);
-        // Tiny rows: every lane keeps at least one chunk.
-        assert_eq!(gemv_ksplit(64, 64), 1);
+        assert_eq!(gemv_ksplit(2048, 8192), 2);
+        assert_eq!(gemv_ksplit(14336, 4096), 1);
+        // Too few 16-byte chunks for two slices of 32 lanes each.
+        assert_eq!(gemv_ksplit(64, 256), 1);
         assert_eq!(gemv_ksplit(64, 512), 2);
-        assert_eq!(gemv_ksplit(64, 1024), 4);
+        // All groups fit: one block each; more than fit: the resident count.
+        assert_eq!(gemv_grid(2048, 2, 1056), 512);
+        assert_eq!(gemv_grid(8192, 1, 264), 264);
+        assert_eq!(gemv_ksplit(64, 64), 1);
         assert_eq!(lm_head_blocks(&c), 16032);
         // Llama-3.2-1B: 4 query heads per KV head of 64 dims, 4 warps.
         assert_eq!(attention_smem_bytes(&c), 4 * (256 + 4 * 256 + 4 * 4 * 2));
@@ -286,7 +326,8 @@ mod tests {
         assert_eq!(d.max_blocks, 8192);
         assert_eq!(d.tables, 8 * 8192);
         assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
-        assert_eq!(d.part_o, 8 * 32 * 8 * 64);
+        assert_eq!(d.part_o, 8 * 32 * 16 * 64);
+        assert_eq!(attention_kernel(&c), "attention_g4");
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);

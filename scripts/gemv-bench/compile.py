@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Compiles common.cuh + gemv.cu + variants.cu to a cubin with NVRTC, as the engine does:
+   compile.py OUT.cubin [ARCH (default sm_90)]. Needs libnvrtc.so.13 (CUDA 13) on the loader path."""
+import ctypes, pathlib, sys
+
+root = pathlib.Path(__file__).resolve().parents[2]
+parts = [root / "engine/kernels/common.cuh", root / "engine/kernels/gemv.cu", root / "engine/kernels/rope_kv.cu", root / "engine/kernels/attention.cu",
+         pathlib.Path(__file__).with_name("variants.cu")]
+src = "".join(f'#line 1 "{p.name}"\n{p.read_text()}\n' for p in parts).encode()
+arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90"
+nv = ctypes.CDLL("libnvrtc.so.13")
+prog = ctypes.c_void_p()
+assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_bench.cu", 0, None, None) == 0
+opts = [f"--gpu-architecture={arch}", "--std=c++17", "--prec-div=true", "--prec-sqrt=true",
+        "--fmad=true", "-Xptxas=-v"]
+arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+rc = nv.nvrtcCompileProgram(prog, len(opts), arr)
+size = ctypes.c_size_t()
+nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+log = ctypes.create_string_buffer(size.value)
+nv.nvrtcGetProgramLog(prog, log)
+if rc != 0:
+    sys.exit(f"NVRTC failed ({rc}):\n{log.value.decode()}")
+pathlib.Path(sys.argv[1] + ".log").write_text(log.value.decode())
+nv.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+buf = ctypes.create_string_buffer(size.value)
+assert nv.nvrtcGetCUBIN(prog, buf) == 0
+pathlib.Path(sys.argv[1]).write_bytes(buf.raw)
+print(f"{sys.argv[1]}: {size.value} bytes")

@@ -1,0 +1,342 @@
+// Times decode GEMV kernels (scripts/gemv-bench/variants.cu and the engine's gemv.cu) on the
+// shapes of the 1B and 8B units, as the engine runs them: back-to-back launches with
+// programmatic dependent launch, captured in a CUDA graph, rotating over enough weight copies
+// that the 50 MB L2 holds none of them. Prints one TSV line per (shape, kernel, ksplit, grid).
+// With the filter `seq`: a whole step's layers (GEMVs and attention, no lm_head) of each model
+// in one graph, with and without attention, at 16 and 1000 positions, for several GEMV choices.
+// Here (NVRTC from the Python environment):  python3 compile.py kernels.cubin
+// On the GPU box (nvcc there):  nvcc -O2 -std=c++17 run.cpp -lcuda -o /tmp/gb
+//                               /tmp/gb kernels.cubin [filter | seq]
+#include <cuda.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                         \
+    do {                                                                              \
+        CUresult r_ = (x);                                                            \
+        if (r_ != CUDA_SUCCESS) {                                                     \
+            const char* s_ = nullptr;                                                 \
+            cuGetErrorString(r_, &s_);                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static CUmodule mod;
+static CUstream stream;
+static int sms;
+
+static CUfunction fn(const std::string& name) {
+    CUfunction f;
+    if (cuModuleGetFunction(&f, mod, name.c_str()) != CUDA_SUCCESS) return nullptr;
+    return f;
+}
+
+static void launch(CUfunction f, unsigned grid, unsigned block, void** args, bool pdl) {
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = grid; cfg.gridDimY = 1; cfg.gridDimZ = 1;
+    cfg.blockDimX = block; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+    cfg.hStream = stream;
+    CUlaunchAttribute attr = {};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    CK(cuLaunchKernelEx(&cfg, f, args, nullptr));
+}
+
+
+static CUevent ge0, ge1;
+template <class F> static float time_ms_g(F&& body, int reps) {
+    body(); CK(cuStreamSynchronize(stream));
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cuEventRecord(ge0, stream)); body(); CK(cuEventRecord(ge1, stream));
+        CK(cuEventSynchronize(ge1));
+        float ms; CK(cuEventElapsedTime(&ms, ge0, ge1)); t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+struct Shape { const char* name; int rows, cols, mode; };
+
+// The engine's choice for its streaming GEMVs (plan.rs gemv_ksplit).
+static int engine_ksplit(int rows, int cols) {
+    const int chunks = cols / 8;
+    return rows < 8192 && chunks % 2 == 0 && chunks / 2 >= 32 ? 2 : 1;
+}
+
+
+// One decode step's layers (no lm_head) as the engine runs them, in one graph with PDL:
+// qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
+struct Model { const char* name; int H, heads, kvh, D, I, L; };
+struct Pick { std::string kernel; int ksplit; bool v2; };
+static unsigned v2_grid(CUfunction f, int rows, int ks, int warps, bool persist) {
+    const int rpb = warps / ks, groups = (rows + rpb - 1) / rpb;
+    if (!persist) return groups;
+    int occ = 0;
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
+    return std::min(groups, occ * sms);
+}
+static void seq_bench() {
+    const Model models[] = {{"1b", 2048, 32, 8, 64, 8192, 16}, {"8b", 4096, 32, 8, 128, 14336, 32}};
+    for (const Model& m : models) {
+        const int q = m.heads * m.D, kv = m.kvh * m.D, qkvw = q + 2 * kv;
+        const size_t wq = (size_t)qkvw * m.H * 2, wo = (size_t)m.H * q * 2, wgu = (size_t)2 * m.I * m.H * 2,
+                     wd = (size_t)m.H * m.I * 2, per_layer = wq + wo + wgu + wd;
+        CUdeviceptr wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf;
+        CK(cuMemAlloc(&wpool, per_layer * m.L));
+        size_t n = per_layer * m.L / 2; unsigned seed = 5; float sc = 0.02f, off = 0.0f;
+        { void* a[] = {&wpool, &n, &seed, &sc, &off}; launch(fn("fill_bf16"), 8192, 256, a, false); }
+        const int blocks = 64, bs = 16;
+        const size_t cache = (size_t)blocks * m.kvh * bs * m.D * 2;
+        CK(cuMemAlloc(&kc, cache * m.L)); CK(cuMemAlloc(&vc, cache * m.L));
+        { size_t nc = cache * m.L / 2; unsigned s1 = 3; float a1 = 1.0f, o1 = 0.0f;
+          void* a[] = {&kc, &nc, &s1, &a1, &o1}; launch(fn("fill_bf16"), 4096, 256, a, false);
+          void* b[] = {&vc, &nc, &s1, &a1, &o1}; launch(fn("fill_bf16"), 4096, 256, b, false); }
+        CK(cuMemAlloc(&x, m.H * 4)); CK(cuMemAlloc(&qkvb, qkvw * 4)); CK(cuMemAlloc(&attn, q * 4));
+        CK(cuMemAlloc(&act, m.I * 4)); CK(cuMemAlloc(&gamma, m.H * 2));
+        { size_t nx = m.H; unsigned s3 = 11; void* c[] = {&x, &nx, &s3}; launch(fn("fill_f32"), 16, 256, c, false);
+          size_t ng = m.H; unsigned s2 = 9; float sc2 = 0.2f, off2 = 1.0f;
+          void* b[] = {&gamma, &ng, &s2, &sc2, &off2}; launch(fn("fill_bf16"), 16, 256, b, false); }
+        CK(cuMemAlloc(&pos, 4)); CK(cuMemAlloc(&rowt, 4)); CK(cuMemAlloc(&tables, blocks * 4));
+        CK(cuMemAlloc(&part_o, (size_t)m.heads * 16 * m.D * 4)); CK(cuMemAlloc(&part_ml, (size_t)m.heads * 16 * 2 * 4));
+        CK(cuMemAlloc(&counts, m.kvh * 4)); CK(cuMemsetD8(counts, 0, m.kvh * 4)); CK(cuMemsetD8(rowt, 0, 4));
+        std::vector<int> tb(blocks); for (int i = 0; i < blocks; i++) tb[i] = i;
+        CK(cuMemcpyHtoD(tables, tb.data(), blocks * 4));
+        std::vector<float> inv(m.D / 2); for (int i = 0; i < m.D / 2; i++) inv[i] = std::pow(500000.0f, -2.0f * i / m.D);
+        CK(cuMemAlloc(&invf, inv.size() * 4)); CK(cuMemcpyHtoD(invf, inv.data(), inv.size() * 4));
+        CK(cuCtxSynchronize());
+        const int g = m.heads / m.kvh, gd = g * m.D;
+        const unsigned att_smem = 4 * (gd + 4 * gd + 4 * g * 2);
+        CUfunction fatt = fn(m.heads / m.kvh == 4 ? "attention_g4" : "attention_g8");
+        CK(cuFuncSetAttribute(fatt, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024));
+        const bool big = m.H == 4096;
+        // Kernel choice per matrix: qkv, o, gate_up, down.
+        std::vector<std::pair<std::string, std::vector<Pick>>> sets = {
+            {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
+                        {"gemv_m4_b1", engine_ksplit(m.I, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
+            {"v2_g4pd_k2", {{"v2_m3_b1_w8_g4_p1_d1", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true},
+                            {"v2_m4_b1_w8_g4_p1_d1", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true}}},
+            {"best", big ? std::vector<Pick>{{"v2_m3_b1_w8_g8_p1_d0", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true},
+                                             {"v2_m4_b1_w8_g4_p1_d1", 4, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true}}
+                         : std::vector<Pick>{{"gemv_m3_b1", 1, false}, {"v2_m1_b1_w8_g4_p0_d0", 2, true},
+                                             {"v2_m4_b1_w8_g4_p1_d0", 2, true}, {"gemv_m1_b1", 2, false}}},
+        };
+        float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
+        for (int ctx : {16, 1000}) {
+            int p = ctx - 1; CK(cuMemcpyHtoD(pos, &p, 4));
+            for (auto& [setname, picks] : sets) {
+                for (int with_att : {1, 0}) {
+                    CUgraph gr; CUgraphExec ge;
+                    CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+                    std::vector<std::vector<char>> keep;  // argument storage outlives capture
+                    auto gemv = [&](const Pick& pk, CUdeviceptr w, CUdeviceptr xin, CUdeviceptr yout, int rows, int cols) {
+                        CUfunction f = fn(pk.kernel);
+                        if (!f) { fprintf(stderr, "missing %s\n", pk.kernel.c_str()); exit(1); }
+                        int r = rows, c = cols, k = pk.ksplit; CUdeviceptr parts = 0;
+                        if (pk.v2) {
+                            const bool persist = pk.kernel.find("_p1") != std::string::npos;
+                            void* a[] = {&w, &xin, &yout, &r, &c, &k, &gamma, &eps};
+                            launch(f, v2_grid(f, rows, k, 8, persist), 256, a, true);
+                        } else {
+                            void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
+                            launch(f, v2_grid(f, rows, k, 8, true), 256, a, true);
+                        }
+                    };
+                    for (int l = 0; l < m.L; l++) {
+                        CUdeviceptr base = wpool + l * per_layer;
+                        gemv(picks[0], base, x, qkvb, qkvw, m.H);
+                        if (with_att) {
+                            CUdeviceptr kcl = kc + l * cache, vcl = vc + l * cache, nul = 0;
+                            int ld = qkvw, mb = blocks, nh = m.heads, nk = m.kvh, hd = m.D, bsz = bs;
+                            void* a[] = {&qkvb, &ld, &kcl, &vcl, &pos, &rowt, &tables, &mb, &nh, &nk, &hd, &bsz, &scale,
+                                         &part_o, &part_ml, &counts, &attn, &nul, &nul, &nul, &nul, &eps, &invf};
+                            CUlaunchConfig cfg = {};
+                            cfg.gridDimX = 1; cfg.gridDimY = m.kvh; cfg.gridDimZ = 16;
+                            cfg.blockDimX = 128; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+                            cfg.sharedMemBytes = att_smem; cfg.hStream = stream;
+                            CUlaunchAttribute attr = {};
+                            attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                            attr.value.programmaticStreamSerializationAllowed = 1;
+                            cfg.attrs = &attr; cfg.numAttrs = 1;
+                            CK(cuLaunchKernelEx(&cfg, fatt, a, nullptr));
+                        }
+                        gemv(picks[1], base + wq, attn, x, m.H, q);
+                        gemv(picks[2], base + wq + wo, x, act, m.I, m.H);
+                        gemv(picks[3], base + wq + wo + wgu, act, x, m.H, m.I);
+                    }
+                    CK(cuStreamEndCapture(stream, &gr));
+                    CK(cuGraphInstantiate(&ge, gr, 0));
+                    const int reps = 10;
+                    float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
+                    float ms_sync = time_ms_g([&] {
+                        for (int i = 0; i < reps; i++) { CK(cuGraphLaunch(ge, stream)); CK(cuStreamSynchronize(stream)); }
+                    }, 5);
+                    printf("seq\t%s\tctx%d\t%s\tatt%d\tstep_us %.1f\tlayer_us %.2f\tstep_us_with_host_sync %.1f\tweights_GBps %.0f\n",
+                           m.name, ctx, setname.c_str(), with_att, ms * 1e3 / reps, ms * 1e3 / reps / m.L,
+                           ms_sync * 1e3 / reps, per_layer * m.L / (ms * 1e-3 / reps) / 1e9);
+                    fflush(stdout);
+                    CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
+                }
+            }
+        }
+        for (CUdeviceptr d : {wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf}) CK(cuMemFree(d));
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2) { fprintf(stderr, "usage: gemv-bench kernels.cubin [filter]\n"); return 2; }
+    const char* filter = argc > 2 ? argv[2] : "";
+    CK(cuInit(0));
+    CUdevice dev; CK(cuDeviceGet(&dev, 0));
+    CUcontext ctx; CK(cuDevicePrimaryCtxRetain(&ctx, dev)); CK(cuCtxSetCurrent(ctx));
+    CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    std::ifstream in(argv[1], std::ios::binary);
+    std::vector<char> cubin((std::istreambuf_iterator<char>(in)), {});
+    CK(cuModuleLoadData(&mod, cubin.data()));
+    CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+    const size_t pool_bytes = 3ull << 30;
+    CUdeviceptr pool, x, y, yref, gamma, out;
+    CK(cuMemAlloc(&pool, pool_bytes));
+    CK(cuMemAlloc(&x, 8 * 16384 * 4));
+    CK(cuMemAlloc(&y, 8 * 32768 * 4));
+    CK(cuMemAlloc(&yref, 8 * 32768 * 4));
+    CK(cuMemAlloc(&gamma, 16384 * 2));
+    CK(cuMemAlloc(&out, 64));
+    {
+        size_t n = pool_bytes / 2; unsigned seed = 7; float sc = 0.05f, off = 0.0f;
+        void* a[] = {&pool, &n, &seed, &sc, &off};
+        launch(fn("fill_bf16"), 4096, 256, a, false);
+        size_t ng = 16384; unsigned s2 = 9; float sc2 = 0.2f, off2 = 1.0f;
+        void* b[] = {&gamma, &ng, &s2, &sc2, &off2};
+        launch(fn("fill_bf16"), 64, 256, b, false);
+        size_t nx = 8 * 16384; unsigned s3 = 11;
+        void* c[] = {&x, &nx, &s3};
+        launch(fn("fill_f32"), 256, 256, c, false);
+        CK(cuStreamSynchronize(stream));
+    }
+    CK(cuEventCreate(&ge0, CU_EVENT_DEFAULT)); CK(cuEventCreate(&ge1, CU_EVENT_DEFAULT));
+    if (std::string(filter) == "seq") { seq_bench(); return 0; }
+    CUevent e0, e1;
+    CK(cuEventCreate(&e0, CU_EVENT_DEFAULT)); CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    auto time_ms = [&](auto&& body, int reps) {
+        body(); CK(cuStreamSynchronize(stream));
+        std::vector<float> t;
+        for (int i = 0; i < reps; i++) {
+            CK(cuEventRecord(e0, stream)); body(); CK(cuEventRecord(e1, stream));
+            CK(cuEventSynchronize(e1));
+            float ms; CK(cuEventElapsedTime(&ms, e0, e1)); t.push_back(ms);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    };
+    // Ceilings: device copy (read + write) and a read-only stream, 1 GiB.
+    {
+        size_t bytes = 1ull << 30;
+        float ms = time_ms([&] { CK(cuMemcpyDtoDAsync(pool + bytes, pool, bytes, stream)); }, 7);
+        printf("ceiling\tcopy\t%.1f GB/s\n", 2.0 * bytes / (ms * 1e-3) / 1e9);
+        size_t n = (2ull << 30) / 16;
+        for (int blocks : {sms * 4, sms * 8, sms * 16}) {
+            void* a[] = {&pool, &n, &out};
+            CUfunction f = fn("read_only");
+            ms = time_ms([&] { launch(f, blocks, 256, a, false); }, 7);
+            printf("ceiling\tread_only_%d\t%.1f GB/s\n", blocks, 16.0 * n / (ms * 1e-3) / 1e9);
+        }
+    }
+
+    const Shape shapes[] = {
+        {"1b.qkv", 3072, 2048, 3}, {"1b.o", 2048, 2048, 1}, {"1b.gate_up", 8192, 2048, 4},
+        {"1b.down", 2048, 8192, 1}, {"8b.qkv", 6144, 4096, 3}, {"8b.o", 4096, 4096, 1},
+        {"8b.gate_up", 14336, 4096, 4}, {"8b.down", 4096, 14336, 1},
+    };
+    const int N = 40;  // launches per graph
+    printf("shape\tB\tkernel\tksplit\tgrid\tus\tGB/s\tmaxdiff\n");
+    for (int B : {1, 8}) {
+        for (const Shape& s : shapes) {
+            const int nw = (s.mode == 4) ? 2 : 1;
+            const size_t bytes = (size_t)nw * s.rows * s.cols * 2;
+            const int copies = (int)std::min<size_t>(pool_bytes / bytes, std::max<size_t>(2, (640ull << 20) / bytes + 1));
+            float eps = 1e-5f;
+            // Reference: the engine's kernel with its own ksplit, one launch on copy 0.
+            auto run_once = [&](CUfunction f, bool v2, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
+                CK(cuMemsetD8Async(dst, 0, 8 * 32768 * 4, stream));
+                int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr w = pool, parts = 0;
+                void* a1[] = {&w, &x, &dst, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
+                void* a2[] = {&w, &x, &dst, &rows, &cols, &k, &gamma, &eps};
+                launch(f, grid, block, v2 ? a2 : a1, true);
+                CK(cuStreamSynchronize(stream));
+            };
+            auto maxdiff = [&]() {
+                std::vector<float> a(B * s.rows), b(B * s.rows);
+                CK(cuMemcpyDtoH(a.data(), yref, a.size() * 4));
+                CK(cuMemcpyDtoH(b.data(), y, b.size() * 4));
+                double m = 0;
+                for (size_t i = 0; i < a.size(); i++) m = std::max(m, (double)std::fabs(a[i] - b[i]) / (1e-3 + std::fabs(a[i])));
+                return m;
+            };
+            auto bench = [&](const std::string& name, CUfunction f, bool v2, int ks, unsigned grid, unsigned block) {
+                if (!f) { printf("%s\t%d\t%s\tmissing\n", s.name, B, name.c_str()); return; }
+                if (*filter && name.find(filter) == std::string::npos && name != "engine") return;
+                run_once(f, v2, ks, grid, block, y);
+                const double md = maxdiff();
+                CUgraph g; CUgraphExec ge;
+                CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+                std::vector<CUdeviceptr> ws(N);
+                int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr parts = 0;
+                for (int i = 0; i < N; i++) {
+                    ws[i] = pool + (size_t)(i % copies) * bytes;
+                    void* a1[] = {&ws[i], &x, &y, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
+                    void* a2[] = {&ws[i], &x, &y, &rows, &cols, &k, &gamma, &eps};
+                    launch(f, grid, block, v2 ? a2 : a1, true);
+                }
+                CK(cuStreamEndCapture(stream, &g));
+                CK(cuGraphInstantiate(&ge, g, 0));
+                float ms = time_ms([&] { CK(cuGraphLaunch(ge, stream)); }, 9);
+                double us = ms * 1e3 / N;
+                printf("%s\t%d\t%s\t%d\t%u\t%.2f\t%.0f\t%.1e\n", s.name, B, name.c_str(), ks, grid, us,
+                       bytes / (us * 1e-6) / 1e9, md);
+                fflush(stdout);
+                CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(g));
+            };
+            const int eks = engine_ksplit(s.rows, s.cols);
+            char pn[64];
+            snprintf(pn, sizeof pn, "gemv_m%d_b%d", s.mode, B);
+            run_once(fn(pn), false, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256, yref);
+            bench("engine", fn(pn), false, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256);
+            const int chunks = s.cols / 8;
+            for (int ks : {1, 2, 4, 8}) {
+                if (chunks % ks || chunks / ks < 32) continue;
+                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), false, ks, (s.rows + 8 / ks - 1) / (8 / ks), 256);
+                for (int warps : {4, 8}) {
+                    if (ks > warps) continue;
+                    for (const char* gpd : {"g2_p0_d1", "g2_p1_d1", "g4_p0_d0", "g4_p0_d1", "g4_p1_d0", "g4_p1_d1", "g8_p0_d0",
+                                            "g8_p0_d1", "g8_p1_d0", "g8_p1_d1", "g16_p0_d0", "g16_p1_d0"}) {
+                        char name[64];
+                        snprintf(name, sizeof name, "v2_m%d_b%d_w%d_%s", s.mode, B, warps, gpd);
+                        CUfunction f = fn(name);
+                        if (!f) continue;
+                        const int rpb = warps / ks, groups = (s.rows + rpb - 1) / rpb;
+                        unsigned grid = groups;
+                        if (strstr(gpd, "_p1")) {
+                            int occ = 0;
+                            CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
+                            grid = std::min(groups, occ * sms);
+                        }
+                        bench(name, f, true, ks, grid, warps * 32);
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
