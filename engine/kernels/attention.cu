@@ -10,7 +10,7 @@
 // one captured graph serves every step: blocks past a row's split count return at once.
 #define ATT_MAXG 8   // query heads per KV head (kernels for G = 1, 2, 4, 8: the next power of two)
 #define ATT_WARPS 4  // warps per block (plan.rs ATT_THREADS = 32 x this)
-#define ATT_SPLIT_MIN 64
+#define ATT_SPLIT_MIN 16
 
 __device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t at, float v) {
     if (out_f32) out_f32[at] = v;

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Compiles common.cuh + gemv.cu + variants.cu to a cubin with NVRTC, as the engine does:
+"""Compiles the engine's kernels + variants.cu to one cubin with NVRTC, as the engine does:
    compile.py OUT.cubin [ARCH (default sm_90)]. Needs libnvrtc.so.13 (CUDA 13) on the loader path."""
 import ctypes, pathlib, sys
 
 root = pathlib.Path(__file__).resolve().parents[2]
-parts = [root / "engine/kernels/common.cuh", root / "engine/kernels/gemv.cu", root / "engine/kernels/rope_kv.cu", root / "engine/kernels/attention.cu",
-         pathlib.Path(__file__).with_name("variants.cu")]
+# The engine's own program (engine/src/cuda/kernels.rs SOURCES, in its order), then the variants.
+kernels = root / "engine/kernels"
+parts = [kernels / n for n in ("common.cuh", "embed.cu", "rmsnorm.cu", "gemv.cu", "rope_kv.cu",
+                               "attention.cu", "swiglu.cu", "argmax.cu")]
+parts.append(pathlib.Path(__file__).with_name("variants.cu"))
 src = "".join(f'#line 1 "{p.name}"\n{p.read_text()}\n' for p in parts).encode()
 arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90"
 nv = ctypes.CDLL("libnvrtc.so.13")

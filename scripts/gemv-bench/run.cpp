@@ -110,6 +110,13 @@ static void seq_bench() {
         CK(cuMemAlloc(&pos, 4)); CK(cuMemAlloc(&rowt, 4)); CK(cuMemAlloc(&tables, blocks * 4));
         CK(cuMemAlloc(&part_o, (size_t)m.heads * 16 * m.D * 4)); CK(cuMemAlloc(&part_ml, (size_t)m.heads * 16 * 2 * 4));
         CK(cuMemAlloc(&counts, m.kvh * 4)); CK(cuMemsetD8(counts, 0, m.kvh * 4)); CK(cuMemsetD8(rowt, 0, 4));
+        const int vocab = 128256, lks = 1;  // plan.rs lm_head_ksplit for 128256 rows
+        const unsigned head_blocks = (vocab + 8 / lks - 1) / (8 / lks);
+        CUdeviceptr head, xn, parts, tokens;
+        CK(cuMemAlloc(&head, (size_t)vocab * m.H * 2)); CK(cuMemAlloc(&xn, m.H * 4));
+        CK(cuMemAlloc(&parts, head_blocks * 8)); CK(cuMemAlloc(&tokens, 4)); CK(cuMemsetD8(tokens, 0, 4));
+        { size_t nh = (size_t)vocab * m.H; unsigned s4 = 13; float a4 = 0.02f, o4 = 0.0f;
+          void* a[] = {&head, &nh, &s4, &a4, &o4}; launch(fn("fill_bf16"), 4096, 256, a, false); }
         std::vector<int> tb(blocks); for (int i = 0; i < blocks; i++) tb[i] = i;
         CK(cuMemcpyHtoD(tables, tb.data(), blocks * 4));
         std::vector<float> inv(m.D / 2); for (int i = 0; i < m.D / 2; i++) inv[i] = std::pow(500000.0f, -2.0f * i / m.D);
@@ -119,23 +126,30 @@ static void seq_bench() {
         const unsigned att_smem = 4 * (gd + 4 * gd + 4 * g * 2);
         CUfunction fatt = fn(m.heads / m.kvh == 4 ? "attention_g4" : "attention_g8");
         CK(cuFuncSetAttribute(fatt, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024));
-        const bool big = m.H == 4096;
         // Kernel choice per matrix: qkv, o, gate_up, down.
         std::vector<std::pair<std::string, std::vector<Pick>>> sets = {
             {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
                         {"gemv_m4_b1", engine_ksplit(m.I, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
-            {"v2_g4pd_k2", {{"v2_m3_b1_w8_g4_p1_d1", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true},
-                            {"v2_m4_b1_w8_g4_p1_d1", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true}}},
-            {"best", big ? std::vector<Pick>{{"v2_m3_b1_w8_g8_p1_d0", 2, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true},
-                                             {"v2_m4_b1_w8_g4_p1_d1", 4, true}, {"v2_m1_b1_w8_g4_p1_d1", 2, true}}
-                         : std::vector<Pick>{{"gemv_m3_b1", 1, false}, {"v2_m1_b1_w8_g4_p0_d0", 2, true},
-                                             {"v2_m4_b1_w8_g4_p1_d0", 2, true}, {"gemv_m1_b1", 2, false}}},
+            {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
+                       {"v2_m4_b1_w8_g4_p1_d1", 2, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
+            {"gu_g2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
+                       {"v2_m4_b1_w8_g2_p1_d1", 1, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
+            {"gu_g8", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
+                       {"v2_m4_b1_w8_g8_p1_d0", 1, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
+            {"qkv_g8", {{"v2_m3_b1_w8_g8_p1_d0", 2, true}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
+                       {"gemv_m4_b1", engine_ksplit(m.I, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 1000}) {
             int p = ctx - 1; CK(cuMemcpyHtoD(pos, &p, 4));
             for (auto& [setname, picks] : sets) {
-                for (int with_att : {1, 0}) {
+                const bool is_engine = setname == "engine";
+                for (const char* variant : {"full", "no_att", "no_head", "no_edges", "att_only"}) {
+                    if (!is_engine && strcmp(variant, "full") != 0 && strcmp(variant, "no_att") != 0) continue;
+                    const bool with_att = strcmp(variant, "no_att") != 0;
+                    const bool with_head = strcmp(variant, "no_head") != 0 && strcmp(variant, "att_only") != 0;
+                    const bool with_edges = strcmp(variant, "no_edges") != 0 && strcmp(variant, "att_only") != 0;
+                    const bool with_gemv = strcmp(variant, "att_only") != 0;
                     CUgraph gr; CUgraphExec ge;
                     CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
                     std::vector<std::vector<char>> keep;  // argument storage outlives capture
@@ -152,9 +166,14 @@ static void seq_bench() {
                             launch(f, v2_grid(f, rows, k, 8, true), 256, a, true);
                         }
                     };
+                    auto plain = [&](const char* name, unsigned grid, unsigned block, void** a) {
+                        launch(fn(name), grid, block, a, true);
+                    };
+                    int hid = m.H;
+                    if (with_edges) { void* a[] = {&head, &tokens, &x, &hid}; plain("embed_gather", 1, 256, a); }
                     for (int l = 0; l < m.L; l++) {
                         CUdeviceptr base = wpool + l * per_layer;
-                        gemv(picks[0], base, x, qkvb, qkvw, m.H);
+                        if (with_gemv) gemv(picks[0], base, x, qkvb, qkvw, m.H);
                         if (with_att) {
                             CUdeviceptr kcl = kc + l * cache, vcl = vc + l * cache, nul = 0;
                             int ld = qkvw, mb = blocks, nh = m.heads, nk = m.kvh, hd = m.D, bsz = bs;
@@ -170,9 +189,24 @@ static void seq_bench() {
                             cfg.attrs = &attr; cfg.numAttrs = 1;
                             CK(cuLaunchKernelEx(&cfg, fatt, a, nullptr));
                         }
-                        gemv(picks[1], base + wq, attn, x, m.H, q);
-                        gemv(picks[2], base + wq + wo, x, act, m.I, m.H);
-                        gemv(picks[3], base + wq + wo + wgu, act, x, m.H, m.I);
+                        if (with_gemv) {
+                            gemv(picks[1], base + wq, attn, x, m.H, q);
+                            gemv(picks[2], base + wq + wo, x, act, m.I, m.H);
+                            gemv(picks[3], base + wq + wo + wgu, act, x, m.H, m.I);
+                        }
+                    }
+                    if (with_edges) {
+                        CUdeviceptr nul = 0;
+                        void* a[] = {&x, &gamma, &eps, &hid, &xn, &nul};
+                        plain("rmsnorm", 1, 256, a);
+                    }
+                    if (with_head) {
+                        int rows = vocab, cols = m.H, k = lks; CUdeviceptr nul = 0;
+                        void* a[] = {&head, &xn, &nul, &rows, &cols, &cols, &rows, &k, &gamma, &eps, &parts};
+                        plain("gemv_m5_b1", head_blocks, 256, a);
+                        int np = head_blocks, adv = 0;
+                        void* b[] = {&parts, &np, &tokens, &pos, &adv};
+                        plain("argmax_final", 1, 1024, b);
                     }
                     CK(cuStreamEndCapture(stream, &gr));
                     CK(cuGraphInstantiate(&ge, gr, 0));
@@ -181,14 +215,14 @@ static void seq_bench() {
                     float ms_sync = time_ms_g([&] {
                         for (int i = 0; i < reps; i++) { CK(cuGraphLaunch(ge, stream)); CK(cuStreamSynchronize(stream)); }
                     }, 5);
-                    printf("seq\t%s\tctx%d\t%s\tatt%d\tstep_us %.1f\tlayer_us %.2f\tstep_us_with_host_sync %.1f\tweights_GBps %.0f\n",
-                           m.name, ctx, setname.c_str(), with_att, ms * 1e3 / reps, ms * 1e3 / reps / m.L,
-                           ms_sync * 1e3 / reps, per_layer * m.L / (ms * 1e-3 / reps) / 1e9);
+                    printf("seq\t%s\tctx%d\t%s\t%s\tstep_us %.1f\tstep_us_with_host_sync %.1f\n",
+                           m.name, ctx, setname.c_str(), variant, ms * 1e3 / reps, ms_sync * 1e3 / reps);
                     fflush(stdout);
                     CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
                 }
             }
         }
+        for (CUdeviceptr d : {head, xn, parts, tokens}) CK(cuMemFree(d));
         for (CUdeviceptr d : {wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf}) CK(cuMemFree(d));
     }
 }

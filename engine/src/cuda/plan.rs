@@ -20,9 +20,10 @@ pub const ATT_MAXG: usize = 8;
 /// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
-/// split per 64 positions of its context (`ATT_SPLIT_MIN`), up to this many, whatever the batch
-/// (attention.cu).
-pub const MAX_SPLITS: usize = 16;
+/// split per 16 positions of its context (`ATT_SPLIT_MIN`), up to this many, whatever the batch
+/// (attention.cu): a split's positions are one or a few steps of its block, so the chain of
+/// dependent loads stays short at every context length.
+pub const MAX_SPLITS: usize = 32;
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -326,7 +327,7 @@ mod tests {
         assert_eq!(d.max_blocks, 8192);
         assert_eq!(d.tables, 8 * 8192);
         assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
-        assert_eq!(d.part_o, 8 * 32 * 16 * 64);
+        assert_eq!(d.part_o, 8 * 32 * 32 * 64);
         assert_eq!(attention_kernel(&c), "attention_g4");
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
