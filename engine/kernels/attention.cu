@@ -51,9 +51,11 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     const int ctx = positions[row] + 1;
     const int used = att_splits(ctx, S);
     if (s >= used) return;
-    const int per = (ctx + used - 1) / used;
-    const int start = s * per;
-    const int end = min(ctx, start + per);
+    // Balanced shares (plan.rs attention_split): with used <= ctx no split is empty. (Shares of
+    // ceil(ctx / used) left the last splits empty for some lengths, and an empty split's
+    // max of -inf made the merge NaN.)
+    const int start = (int)((long long)s * ctx / used);
+    const int end = (int)((long long)(s + 1) * ctx / used);
     const int gd = g * head_dim;
     float* qs = smem;                       // [g][D], pre-scaled
     float* wo = qs + gd;                    // [ATT_WARPS][g][D]

@@ -19,6 +19,8 @@ pub const ATT_THREADS: u32 = 32 * ATT_WARPS as u32;
 pub const ATT_MAXG: usize = 8;
 /// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position).
 pub const MAX_HEAD_DIM: usize = 128;
+/// Positions per attention split (`ATT_SPLIT_MIN` in attention.cu).
+pub const ATT_SPLIT_MIN: usize = 16;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
 /// split per 16 positions of its context (`ATT_SPLIT_MIN`), up to this many, whatever the batch
 /// (attention.cu): a split's positions are one or a few steps of its block, so the chain of
@@ -119,6 +121,13 @@ pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
 /// (`resident` blocks), else `resident`, each then walking several groups.
 pub fn gemv_grid(rows: usize, ksplit: usize, resident: usize) -> u32 {
     gemv_blocks(rows, ksplit).min(resident.max(1) as u32)
+}
+
+/// Positions of a context of `ctx` that attention's split `s` covers, as attention.cu splits
+/// them: one split per [`ATT_SPLIT_MIN`] positions up to [`MAX_SPLITS`], in balanced shares.
+pub fn attention_split(ctx: usize, s: usize) -> Option<std::ops::Range<usize>> {
+    let used = ctx.div_ceil(ATT_SPLIT_MIN).clamp(1, MAX_SPLITS);
+    (s < used).then(|| s * ctx / used..(s + 1) * ctx / used)
 }
 
 /// The attention kernel for the model's query heads per KV head: `attention_g{G}`, G the next
@@ -293,6 +302,27 @@ mod tests {
     fn llama_1b_weights_are_its_parameter_count_in_bf16() {
         // Llama-3.2-1B has 1,235,814,400 parameters (embedding tied).
         assert_eq!(weight_bytes(&llama_1b()), 2 * 1_235_814_400);
+    }
+
+    #[test]
+    fn attention_splits_are_never_empty_and_cover_the_context_in_order() {
+        // Shares of ceil(ctx / used) left the last splits of e.g. 513 positions empty (a NaN in
+        // the merge on the H200); balanced shares cannot.
+        for ctx in 1..=20_000 {
+            let mut next = 0;
+            let mut s = 0;
+            while let Some(r) = attention_split(ctx, s) {
+                assert!(!r.is_empty(), "ctx {ctx}: split {s} is empty");
+                assert_eq!(
+                    r.start, next,
+                    "ctx {ctx}: split {s} does not follow the one before"
+                );
+                next = r.end;
+                s += 1;
+            }
+            assert_eq!(next, ctx, "ctx {ctx}: splits do not cover it");
+            assert_eq!(s, ctx.div_ceil(ATT_SPLIT_MIN).min(MAX_SPLITS));
+        }
     }
 
     #[test]
