@@ -302,12 +302,14 @@ int main(int argc, char** argv) {
             const int copies = (int)std::min<size_t>(pool_bytes / bytes, std::max<size_t>(2, (640ull << 20) / bytes + 1));
             float eps = 1e-5f;
             // Reference: the engine's kernel with its own ksplit, one launch on copy 0.
-            auto run_once = [&](CUfunction f, bool v2, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
+            int batch = B;
+            auto run_once = [&](CUfunction f, int kind, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
                 CK(cuMemsetD8Async(dst, 0, 8 * 32768 * 4, stream));
                 int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr w = pool, parts = 0;
                 void* a1[] = {&w, &x, &dst, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
                 void* a2[] = {&w, &x, &dst, &rows, &cols, &k, &gamma, &eps};
-                launch(f, grid, block, v2 ? a2 : a1, true);
+                void* a3[] = {&w, &x, &dst, &rows, &cols, &batch, &k, &gamma, &eps};
+                launch(f, grid, block, kind == 2 ? a3 : kind == 1 ? a2 : a1, true);
                 CK(cuStreamSynchronize(stream));
             };
             auto maxdiff = [&]() {
@@ -318,10 +320,10 @@ int main(int argc, char** argv) {
                 for (size_t i = 0; i < a.size(); i++) m = std::max(m, (double)std::fabs(a[i] - b[i]) / (1e-3 + std::fabs(a[i])));
                 return m;
             };
-            auto bench = [&](const std::string& name, CUfunction f, bool v2, int ks, unsigned grid, unsigned block) {
+            auto bench = [&](const std::string& name, CUfunction f, int kind, int ks, unsigned grid, unsigned block) {
                 if (!f) { printf("%s\t%d\t%s\tmissing\n", s.name, B, name.c_str()); return; }
                 if (*filter && name.find(filter) == std::string::npos && name != "engine") return;
-                run_once(f, v2, ks, grid, block, y);
+                run_once(f, kind, ks, grid, block, y);
                 const double md = maxdiff();
                 CUgraph g; CUgraphExec ge;
                 CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -331,7 +333,8 @@ int main(int argc, char** argv) {
                     ws[i] = pool + (size_t)(i % copies) * bytes;
                     void* a1[] = {&ws[i], &x, &y, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
                     void* a2[] = {&ws[i], &x, &y, &rows, &cols, &k, &gamma, &eps};
-                    launch(f, grid, block, v2 ? a2 : a1, true);
+                    void* a3[] = {&ws[i], &x, &y, &rows, &cols, &batch, &k, &gamma, &eps};
+                    launch(f, grid, block, kind == 2 ? a3 : kind == 1 ? a2 : a1, true);
                 }
                 CK(cuStreamEndCapture(stream, &g));
                 CK(cuGraphInstantiate(&ge, g, 0));
@@ -345,12 +348,22 @@ int main(int argc, char** argv) {
             const int eks = engine_ksplit(s.rows, s.cols);
             char pn[64];
             snprintf(pn, sizeof pn, "gemv_m%d_b%d", s.mode, B);
-            run_once(fn(pn), false, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256, yref);
-            bench("engine", fn(pn), false, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256);
+            run_once(fn(pn), 0, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256, yref);
+            bench("engine", fn(pn), 0, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256);
             const int chunks = s.cols / 8;
             for (int ks : {1, 2, 4, 8}) {
                 if (chunks % ks || chunks / ks < 32) continue;
-                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), false, ks, (s.rows + 8 / ks - 1) / (8 / ks), 256);
+                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), 0, ks, (s.rows + 8 / ks - 1) / (8 / ks), 256);
+                for (int u : {1, 2, 4}) {
+                    char name[64];
+                    snprintf(name, sizeof name, "mma_m%d_u%d", s.mode, u);
+                    CUfunction f = fn(name);
+                    if (!f || (s.cols / ks) % (32 * u) != 0 || s.rows % 16 != 0) continue;
+                    int occ = 0;
+                    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
+                    const int tpb = 8 / ks, groups = (s.rows / 16 + tpb - 1) / tpb;
+                    bench(name, f, 2, ks, std::min(groups, occ * sms), 256);
+                }
                 for (int warps : {4, 8}) {
                     if (ks > warps) continue;
                     for (const char* gpd : {"g2_p0_d1", "g2_p1_d1", "g4_p0_d0", "g4_p0_d1", "g4_p1_d0", "g4_p1_d1", "g8_p0_d0",
@@ -366,7 +379,7 @@ int main(int argc, char** argv) {
                             CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
                             grid = std::min(groups, occ * sms);
                         }
-                        bench(name, f, true, ks, grid, warps * 32);
+                        bench(name, f, 1, ks, grid, warps * 32);
                     }
                 }
             }

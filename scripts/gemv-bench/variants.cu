@@ -203,3 +203,143 @@ extern "C" __global__ void fill_f32(float* p, size_t n, unsigned seed) {
         p[i] = (float)(h >> 8) / 8388608.0f - 1.0f;
     }
 }
+
+// Tensor-core GEMV for 1-8 activation rows: mma.sync m16n8k16 (bf16 in, f32 accumulate) with the
+// weights as A (16 rows x 16 k) and the activations, rounded to bf16, as B (16 k x 8 rows of the
+// batch). A warp takes a tile of 16 output rows (16 gate + 16 up for SwiGLU) over a slice of K,
+// 32 k per step: lane (g = lane / 4, t = lane % 4) loads 16 bytes of weight rows g and g + 8 at
+// k = K0 + 8t and 8 activations of batch row g at the same k. The k order inside an mma is free
+// as long as A and B agree, and both depend on t alone, so the loads need no shuffle:
+// mma j (0, 1) gives slots {2t, 2t+1} the k K0 + 8t + 4j + {0, 1} and slots {2t+8, 2t+9} the k
+// K0 + 8t + 4j + {2, 3}. The activations are read once per 16 weight rows (the one-warp-per-row
+// GEMV reads them once per row), which is what bounds that kernel at batch 8. RMSNorm (modes 3,
+// 4) is applied to the activations before rounding, as a bf16 model's norm output is.
+// Requires cols % (32 * ksplit) == 0 and rows % 16 == 0.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+}
+
+template <int MODE, int WARPS, int U>
+__device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols, int B, int ksplit,
+                                         const bf16* __restrict__ gamma, float eps) {
+    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr int NW = (MODE == 2 || MODE == 4) ? 2 : 1;
+    __shared__ float red[WARPS][NW][32][4];
+    __shared__ float inv_s[8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tpb = WARPS / ksplit;  // tiles per block
+    const int kpart = warp % ksplit;
+    const int per = cols / ksplit, k0 = kpart * per;
+    const int nsteps = per / (32 * U);
+    const int ntiles = rows / 16, ngroups = (ntiles + tpb - 1) / tpb;
+    const bool live = g < B;  // this lane's batch row
+
+    if (NORM) {
+        pdl_wait();
+        for (int b = warp; b < B; b += WARPS) {
+            float s = 0.0f;
+            for (int k = lane; k < cols; k += 32) s = fmaf(x[(size_t)b * cols + k], x[(size_t)b * cols + k], s);
+            s = warp_sum(s);
+            if (lane == 0) inv_s[b] = rsqrtf(s / (float)cols + eps);
+        }
+        __syncthreads();
+    }
+    pdl_launch_dependents();
+    if (!NORM) pdl_wait();
+
+    for (int grp = blockIdx.x; grp < ngroups; grp += gridDim.x) {
+        const int tile = grp * tpb + warp / ksplit;
+        const bool valid = tile < ntiles;
+        const int row0 = tile * 16;
+        float d[NW][4];
+#pragma unroll
+        for (int r = 0; r < NW; r++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[r][i] = 0.0f;
+        if (valid) {
+            const float inv = NORM && live ? inv_s[g] : 1.0f;
+            for (int s = 0; s < nsteps; s++) {
+                uint4 w[NW][U][2];
+                const int kb = k0 + s * 32 * U + 8 * t;
+#pragma unroll
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const bf16* base = W + (size_t)(row0 + g + r * rows) * cols + kb + 32 * u;
+                        w[r][u][0] = load_stream(reinterpret_cast<const uint4*>(base));
+                        w[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols));
+                    }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    unsigned bb[4] = {0u, 0u, 0u, 0u};
+                    if (live) {
+                        float4 xa, xb;
+                        x_chunk<NORM>(x + (size_t)g * cols, gamma, (kb + 32 * u) >> 3, xa, xb);
+                        bb[0] = pack_bf16(xa.x * inv, xa.y * inv);
+                        bb[1] = pack_bf16(xa.z * inv, xa.w * inv);
+                        bb[2] = pack_bf16(xb.x * inv, xb.y * inv);
+                        bb[3] = pack_bf16(xb.z * inv, xb.w * inv);
+                    }
+#pragma unroll
+                    for (int r = 0; r < NW; r++) {
+                        mma_bf16(d[r], w[r][u][0].x, w[r][u][1].x, w[r][u][0].y, w[r][u][1].y, bb[0], bb[1]);
+                        mma_bf16(d[r], w[r][u][0].z, w[r][u][1].z, w[r][u][0].w, w[r][u][1].w, bb[2], bb[3]);
+                    }
+                }
+            }
+        }
+        // d[r]: c0, c1 = (row g, batch 2t, 2t+1); c2, c3 = (row g + 8, batch 2t, 2t+1).
+        if (ksplit > 1) {
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[warp][r][lane][i] = d[r][i];
+            __syncthreads();
+            if (kpart == 0) {
+#pragma unroll
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float s = 0.0f;
+                        for (int k = 0; k < ksplit; k++) s += red[warp + k][r][lane][i];
+                        d[r][i] = s;
+                    }
+            }
+            __syncthreads();
+        }
+        if (valid && kpart == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = row0 + g + (i >= 2 ? 8 : 0), b = 2 * t + (i & 1);
+                if (b >= B) continue;
+                float* out = y + (size_t)b * rows + row;
+                if (NW == 2) {
+                    const float gg = d[0][i], uu = d[NW - 1][i];
+                    *out = gg / (1.0f + expf(-gg)) * uu;
+                } else if (MODE == 1) {
+                    *out += d[0][i];
+                } else {
+                    *out = d[0][i];
+                }
+            }
+        }
+    }
+}
+
+#define MMA(MODE, U)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) mma_m##MODE##_u##U(                            \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
+        int cols, int B, int ksplit, const bf16* __restrict__ gamma, float eps) {                    \
+        gemv_mma<MODE, 8, U>(W, x, y, rows, cols, B, ksplit, gamma, eps);                           \
+    }
+MMA(1, 1) MMA(1, 2) MMA(1, 4) MMA(3, 1) MMA(3, 2) MMA(3, 4) MMA(4, 1) MMA(4, 2)
