@@ -84,9 +84,9 @@ def capture(args) -> int:
     outputs = []
     for i, p in enumerate(unit.prompts):
         r = by_index[i]
-        margins = [round(m, 6) for m in r.margins] if r.margins is not None else None
-        outputs.append({"id": p["id"], "tokens": r.tokens, "margins": margins})
-    all_m = [m for o in outputs for m in (o["margins"] or [])]
+        margins = [round(m, 6) if m is not None else None for m in r.margins] if r.margins is not None else None
+        outputs.append({"id": p["id"], "tokens": r.tokens, "margins": margins, "runner_up": r.runner_up})
+    all_m = [m for o in outputs for m in (o["margins"] or []) if m is not None]
     min_margin = min(all_m) if all_m else None
     doc = {
         "schema": 1,

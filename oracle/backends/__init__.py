@@ -28,6 +28,9 @@ class SeqResult:
     ttft_s: float | None = None
     # top-1 minus top-2 logit (or log-prob) per new position; filled only when asked for.
     margins: list[float] | None = None
+    # per new position, the best token other than the one chosen (the golden's runner-up), so a
+    # mismatch at a near-tie can be told from a wrong token there; filled with the margins.
+    runner_up: list[int | None] | None = None
 
 
 OnResult = Callable[[SeqResult], None]

@@ -31,6 +31,7 @@ class _Seq:
     cache: object = None
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    runner_up: list[int] = field(default_factory=list)
     ttft: float | None = None
 
 
@@ -123,8 +124,11 @@ class TransformersBackend(Backend):
         logits = out.logits[0, -1].float()
         tok = int(torch.argmax(logits))  # first maximal index: lowest id wins ties
         if want_margins:
-            top = torch.topk(logits, 2).values
-            seq.margins.append(float(top[0] - top[1]))
+            top = torch.topk(logits, 2)
+            seq.margins.append(float(top.values[0] - top.values[1]))
+            # On a tie topk may list either first; the runner-up is the one argmax did not take.
+            ids = [int(i) for i in top.indices]
+            seq.runner_up.append(ids[1] if ids[0] == tok else ids[0])
         seq.tokens.append(tok)
         return tok
 
@@ -153,4 +157,5 @@ class TransformersBackend(Backend):
                         active.remove(seq)
                         seq.cache = None  # free it before the next prompt starts
                         on_result(SeqResult(seq.index, seq.tokens, now - seq.t0, seq.ttft,
-                                            seq.margins if margins else None))
+                                            seq.margins if margins else None,
+                                            seq.runner_up if margins else None))

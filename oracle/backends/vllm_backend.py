@@ -334,13 +334,14 @@ class VllmBackend(Backend):
                 first = getattr(metrics, "first_token_ts", 0.0) if metrics is not None else 0.0
                 if first and first > m0:  # engine-core timestamps are time.monotonic()
                     ttft = first - m0
-                gaps = None
+                gaps = runner_up = None
                 if margins:
-                    gaps = []
-                    for pos in comp.logprobs or []:
-                        lps = sorted((lp.logprob for lp in (pos or {}).values()), reverse=True)
-                        gaps.append(lps[0] - lps[1] if len(lps) >= 2 else None)
-                on_result(SeqResult(i, list(comp.token_ids), now - t0, ttft, gaps))
+                    gaps, runner_up = [], []
+                    for chosen, pos in zip(comp.token_ids, comp.logprobs or []):
+                        gap, other = top2_gap(chosen, {t: lp.logprob for t, lp in (pos or {}).items()})
+                        gaps.append(gap)
+                        runner_up.append(other)
+                on_result(SeqResult(i, list(comp.token_ids), now - t0, ttft, gaps, runner_up))
             admit()
             if inflight and not outs and not engine.has_unfinished_requests():
                 raise RuntimeError(f"vLLM reports no unfinished requests but {len(inflight)} never finished")
@@ -407,3 +408,13 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return True
     return False
+
+
+def top2_gap(chosen: int, logprobs: dict[int, float]) -> tuple[float | None, int | None]:
+    """The gap between the two best log-probs of a position, and the best token other than the
+    one chosen (the runner-up): None where vLLM returned fewer than two."""
+    ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(ranked) < 2:
+        return None, None
+    others = [t for t, _ in ranked if t != chosen]
+    return ranked[0][1] - ranked[1][1], (others[0] if others else None)

@@ -21,8 +21,11 @@ def test_recapture_reproduces_golden(unit, tmp_path):
     assert new["capture"]["resolved"] == old["capture"]["resolved"]
     assert new["max_tokens"] == 32 and new["ignore_eos"] is True and new["schema"] == 1
     for o in new["outputs"]:
-        assert len(o["tokens"]) == len(o["margins"]) == 32
+        assert len(o["tokens"]) == len(o["margins"]) == len(o["runner_up"]) == 32
         assert all(m >= 0 for m in o["margins"])
+        # The runner-up is never the token taken, and is a token of the vocabulary.
+        assert all(r != t and 0 <= r < new["capture"]["resolved"]["vocab_size"]
+                   for r, t in zip(o["runner_up"], o["tokens"]))
     # The tiny units are built so that no greedy step is a near-tie.
     assert new["capture"]["min_margin"] >= 1e-3
     assert new["capture"]["min_margin"] == pytest.approx(old["capture"]["min_margin"], abs=1e-5)
@@ -56,3 +59,12 @@ def test_golden_equals_transformers_generate(unit):
             # An explicit mask: without one, generate masks every id equal to pad_token_id.
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
             assert out[0, len(p["tokens"]):].tolist() == golden[p["id"]], p["id"]
+
+
+def test_vllm_top2_gap_names_the_runner_up_not_the_token_taken():
+    from oracle.backends.vllm_backend import top2_gap
+
+    assert top2_gap(7, {7: -0.1, 3: -0.6}) == (pytest.approx(0.5), 3)
+    # A tie: greedy took 9, so the runner-up is 4 whichever vLLM listed first.
+    assert top2_gap(9, {4: -0.7, 9: -0.7}) == (0.0, 4)
+    assert top2_gap(5, {5: -0.2}) == (None, None)

@@ -597,6 +597,10 @@ pub struct GoldenOutput {
     /// Top-2 gap per position where known; `null` entries (or no list) where not.
     #[serde(default)]
     pub margins: Option<Vec<Option<f64>>>,
+    /// The best token other than the one taken, per position, where known (goldens captured
+    /// before it was recorded have none).
+    #[serde(default)]
+    pub runner_up: Option<Vec<Option<u32>>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -77,6 +77,11 @@ pub struct Mismatch {
     pub got: Option<u32>,
     pub want: u32,
     pub margin: Option<f64>,
+    /// The golden's best other token there, where the golden records it.
+    #[serde(default)]
+    pub runner_up: Option<u32>,
+    /// The margin is under `near_tie_margin` and the leg took the golden's runner-up (or the
+    /// golden does not say which that was): what two correct implementations can differ by.
     pub near_tie: bool,
 }
 
@@ -95,10 +100,23 @@ impl fmt::Display for Mismatch {
             self.batch,
             self.want
         )?;
-        match (self.margin, self.near_tie) {
-            (Some(m), true) => write!(f, ", at a recorded near-tie (golden margin {})", fmt_num(m)),
-            (Some(m), false) => write!(f, ", not a near-tie (golden margin {})", fmt_num(m)),
-            (None, _) => write!(f, ", no margin recorded there"),
+        match (self.margin, self.near_tie, self.runner_up) {
+            (Some(m), true, None) => {
+                write!(f, ", at a recorded near-tie (golden margin {})", fmt_num(m))
+            }
+            (Some(m), true, Some(_)) => write!(
+                f,
+                ", at a recorded near-tie (golden margin {}), on the golden's runner-up",
+                fmt_num(m)
+            ),
+            (Some(m), false, Some(r)) if self.got != Some(r) => write!(
+                f,
+                ", not a near-tie (golden margin {}; the golden's runner-up there is {r}, not the \
+                 token the leg took)",
+                fmt_num(m)
+            ),
+            (Some(m), false, _) => write!(f, ", not a near-tie (golden margin {})", fmt_num(m)),
+            (None, _, _) => write!(f, ", no margin recorded there"),
         }
     }
 }
