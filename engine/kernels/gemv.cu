@@ -59,16 +59,14 @@ __device__ __forceinline__ void x_chunk(const float* __restrict__ xb, const bf16
     }
 }
 
-// The lm_head's GEMV and argmax (MODE 5; the other modes' code paths are kept generic): one
-// warp per row (ksplit warps when the matrix is short), one block per 8 / ksplit rows.
-template <int B, int MODE>
-__device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                     int rows, int cols, int ldx, int ldy, int ksplit,
-                                     const bf16* __restrict__ gamma, float eps, float2* __restrict__ parts) {
-    constexpr bool NORM = MODE == 3 || MODE == 4;
-    constexpr int NW = (MODE == 2 || MODE == 4) ? 2 : 1;  // weight rows per output row
-    __shared__ float red[GEMV_WARPS][NW][B];
-    __shared__ float inv_s[B];
+// The lm_head's GEMV and argmax (MODE 5): one warp per row (ksplit warps when the matrix is
+// short), one block per 8 / ksplit rows; each block leaves, for each b, the largest bf16-rounded
+// W x of its rows (lowest row on ties) in `parts` [B][gridDim.x] as (value, row).
+template <int B>
+__device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const float* __restrict__ x, int rows,
+                                            int cols, int ldx, int ksplit, float2* __restrict__ parts) {
+    __shared__ float red[GEMV_WARPS][B];
+    __shared__ float best_v[GEMV_WARPS][B];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = GEMV_WARPS / ksplit;
     const int row = blockIdx.x * rpb + warp / ksplit;
@@ -76,146 +74,81 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __
     const bool valid = row < rows;
     const int per = (cols >> 3) / ksplit;
     const int c0 = kpart * per, c1 = c0 + per;
-    const uint4* w[NW];
-#pragma unroll
-    for (int r = 0; r < NW; r++) w[r] = reinterpret_cast<const uint4*>(W + (size_t)(valid ? row + r * rows : 0) * cols);
+    const uint4* w = reinterpret_cast<const uint4*>(W + (size_t)(valid ? row : 0) * cols);
 
-    // The weights do not depend on the kernel before: a lane's first four 16-byte loads per
-    // weight row are issued before waiting for it, then each group of four is loaded while the
-    // one before it is used. Chunks past the slice's end are skipped, so a lane sums its chunks
-    // in the same order whatever the grouping.
+    // The weights do not depend on the kernel before: a lane's first four 16-byte loads are
+    // issued before waiting for it, then each group of four is loaded while the one before it is
+    // used. Chunks past the slice's end are skipped, so a lane sums its chunks in the same order
+    // whatever the grouping.
     int c = c0 + lane;
-    uint4 cur[NW][4];
+    uint4 cur[4];
     if (valid) {
 #pragma unroll
-        for (int r = 0; r < NW; r++)
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (c + 32 * u < c1) cur[r][u] = load_stream(w[r] + c + 32 * u);
+        for (int u = 0; u < 4; u++)
+            if (c + 32 * u < c1) cur[u] = load_stream(w + c + 32 * u);
     }
     pdl_launch_dependents();
     pdl_wait();
 
-    float acc[NW][B];
+    float acc[B];
 #pragma unroll
-    for (int r = 0; r < NW; r++)
-#pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
+    for (int b = 0; b < B; b++) acc[b] = 0.0f;
     if (valid) {
         for (; c < c1; c += 128) {
-            uint4 next[NW][4];
+            uint4 next[4];
             const int cn = c + 128;
 #pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (cn + 32 * u < c1) next[r][u] = load_stream(w[r] + cn + 32 * u);
+            for (int u = 0; u < 4; u++)
+                if (cn + 32 * u < c1) next[u] = load_stream(w + cn + 32 * u);
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 if (c + 32 * u < c1) {
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float4 xa, xb;
-                        x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
-#pragma unroll
-                        for (int r = 0; r < NW; r++) fma8(acc[r][b], cur[r][u], xa, xb);
+                        x_chunk<false>(x + (size_t)b * ldx, nullptr, c + 32 * u, xa, xb);
+                        fma8(acc[b], cur[u], xa, xb);
                     }
                 }
             }
 #pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int u = 0; u < 4; u++) cur[r][u] = next[r][u];
+            for (int u = 0; u < 4; u++) cur[u] = next[u];
         }
     }
 #pragma unroll
-    for (int r = 0; r < NW; r++)
-#pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-
-    // RMSNorm's scale is one factor per activation row, applied to the dot products at the end,
-    // so its reduction waits here rather than delaying the weight stream.
-    if (NORM) {
-        float ss[B];
-#pragma unroll
-        for (int b = 0; b < B; b++) ss[b] = 0.0f;
-        for (int k = threadIdx.x; k < cols; k += blockDim.x) {
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float v = x[(size_t)b * ldx + k];
-                ss[b] = fmaf(v, v, ss[b]);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < B; b++) ss[b] = warp_sum(ss[b]);
-        if (lane == 0) {
-#pragma unroll
-            for (int b = 0; b < B; b++) red[warp][0][b] = ss[b];
-        }
-        __syncthreads();
-        if (threadIdx.x < B) {
-            float t = 0.0f;
-            for (int w = 0; w < GEMV_WARPS; w++) t += red[w][0][threadIdx.x];
-            inv_s[threadIdx.x] = rsqrtf(t / (float)cols + eps);
-        }
-        __syncthreads();
-    }
+    for (int b = 0; b < B; b++) acc[b] = warp_sum(acc[b]);
 
     if (ksplit > 1) {
-        __syncthreads();  // `red` may still be read by the norm above
         if (lane == 0) {
 #pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int b = 0; b < B; b++) red[warp][r][b] = acc[r][b];
+            for (int b = 0; b < B; b++) red[warp][b] = acc[b];
         }
         __syncthreads();
         if (kpart == 0 && lane == 0) {
 #pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int b = 0; b < B; b++) {
-                    float t = 0.0f;
-                    for (int k = 0; k < ksplit; k++) t += red[warp + k][r][b];
-                    acc[r][b] = t;
-                }
+            for (int b = 0; b < B; b++) {
+                float t = 0.0f;
+                for (int k = 0; k < ksplit; k++) t += red[warp + k][b];
+                acc[b] = t;
+            }
         }
     }
 
-    if (MODE == 5) {
-        __shared__ float best_v[GEMV_WARPS][B];
-        __syncthreads();
-        if (kpart == 0 && lane == 0) {
+    __syncthreads();
+    if (kpart == 0 && lane == 0) {
 #pragma unroll
-            for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? bf2f(f2bf(acc[0][b])) : -INF_F;
-        }
-        __syncthreads();
-        if (threadIdx.x < B) {
-            const int b = threadIdx.x;
-            float v = -INF_F;
-            int idx = 0x7fffffff;
-            for (int r = 0; r < rpb; r++) {
-                const int rr = blockIdx.x * rpb + r;
-                if (rr < rows && (best_v[r][b] > v || idx == 0x7fffffff)) { v = best_v[r][b]; idx = rr; }
-            }
-            parts[(size_t)b * gridDim.x + blockIdx.x] = make_float2(v, __int_as_float(idx));
-        }
-        return;
+        for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? bf2f(f2bf(acc[b])) : -INF_F;
     }
-    if (valid && kpart == 0 && lane == 0) {
-#pragma unroll
-        for (int b = 0; b < B; b++) {
-            const float inv = NORM ? inv_s[b] : 1.0f;
-            float* out = y + (size_t)b * ldy + row;
-            if (NW == 2) {
-                const float g = acc[0][b] * inv, u = acc[NW - 1][b] * inv;
-                *out = g / (1.0f + expf(-g)) * u;
-            } else if (MODE == 1) {
-                *out += acc[0][b];
-            } else {
-                *out = acc[0][b] * inv;
-            }
+    __syncthreads();
+    if (threadIdx.x < B) {
+        const int b = threadIdx.x;
+        float v = -INF_F;
+        int idx = 0x7fffffff;
+        for (int r = 0; r < rpb; r++) {
+            const int rr = blockIdx.x * rpb + r;
+            if (rr < rows && (best_v[r][b] > v || idx == 0x7fffffff)) { v = best_v[r][b]; idx = rr; }
         }
+        parts[(size_t)b * gridDim.x + blockIdx.x] = make_float2(v, __int_as_float(idx));
     }
 }
 
@@ -224,7 +157,7 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ W, const float* __
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv<B, 5>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps, parts);                      \
+        gemv_argmax<B>(W, x, rows, cols, ldx, ksplit, parts);                                      \
     }
 GEMV_ARGMAX_KERNEL(1)
 GEMV_ARGMAX_KERNEL(2)
