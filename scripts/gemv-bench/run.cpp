@@ -2,8 +2,9 @@
 // shapes of the 1B and 8B units, as the engine runs them: back-to-back launches with
 // programmatic dependent launch, captured in a CUDA graph, rotating over enough weight copies
 // that the 50 MB L2 holds none of them. Prints one TSV line per (shape, kernel, ksplit, grid).
-// With the filter `seq`: a whole step's layers (GEMVs and attention, no lm_head) of each model
-// in one graph, with and without attention, at 16 and 1000 positions, for several GEMV choices.
+// With the filter `seq`: a whole decode step of each model (embedding, every layer's GEMVs and
+// attention, final norm, lm_head and argmax) in one graph at 16 and 1000 positions, with one
+// part left out at a time, and with other GEMV choices.
 // Here (NVRTC from the Python environment):  python3 compile.py kernels.cubin
 // On the GPU box (nvcc there):  nvcc -O2 -std=c++17 run.cpp -lcuda -o /tmp/gb
 //                               /tmp/gb kernels.cubin [filter | seq]
@@ -78,12 +79,13 @@ static int engine_ksplit(int rows, int cols) {
 // One decode step's layers (no lm_head) as the engine runs them, in one graph with PDL:
 // qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
 struct Model { const char* name; int H, heads, kvh, D, I, L; };
-struct Pick { std::string kernel; int ksplit; bool v2; };
-static unsigned v2_grid(CUfunction f, int rows, int ks, int warps, bool persist) {
-    const int rpb = warps / ks, groups = (rows + rpb - 1) / rpb;
-    if (!persist) return groups;
+struct Pick { std::string kernel; int ksplit; };
+// The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
+// rows while they all fit on the GPU at once, else what fits.
+static unsigned stream_grid(CUfunction f, int rows, int ks) {
+    const int rpb = 8 / ks, groups = (rows + rpb - 1) / rpb;
     int occ = 0;
-    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
     return std::min(groups, occ * sms);
 }
 static void seq_bench() {
@@ -128,16 +130,16 @@ static void seq_bench() {
         CK(cuFuncSetAttribute(fatt, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024));
         // Kernel choice per matrix: qkv, o, gate_up, down.
         std::vector<std::pair<std::string, std::vector<Pick>>> sets = {
-            {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
-                        {"gemv_m4_b1", engine_ksplit(m.I, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
-            {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
-                       {"v2_m4_b1_w8_g4_p1_d1", 2, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
-            {"gu_g2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
-                       {"v2_m4_b1_w8_g2_p1_d1", 1, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
-            {"gu_g8", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
-                       {"v2_m4_b1_w8_g8_p1_d0", 1, true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
-            {"qkv_g8", {{"v2_m3_b1_w8_g8_p1_d0", 2, true}, {"gemv_m1_b1", engine_ksplit(m.H, q), false},
-                       {"gemv_m4_b1", engine_ksplit(m.I, m.H), false}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), false}}},
+            {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                        {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                       {"gemv_m4_b1", 2}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"gu_g2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                       {"stream_m4_b1_g2", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"gu_g8", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                       {"stream_m4_b1_g8", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"qkv_g8", {{"stream_m3_b1_g8", 2}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                       {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 1000}) {
@@ -152,19 +154,12 @@ static void seq_bench() {
                     const bool with_gemv = strcmp(variant, "att_only") != 0;
                     CUgraph gr; CUgraphExec ge;
                     CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-                    std::vector<std::vector<char>> keep;  // argument storage outlives capture
                     auto gemv = [&](const Pick& pk, CUdeviceptr w, CUdeviceptr xin, CUdeviceptr yout, int rows, int cols) {
                         CUfunction f = fn(pk.kernel);
                         if (!f) { fprintf(stderr, "missing %s\n", pk.kernel.c_str()); exit(1); }
                         int r = rows, c = cols, k = pk.ksplit; CUdeviceptr parts = 0;
-                        if (pk.v2) {
-                            const bool persist = pk.kernel.find("_p1") != std::string::npos;
-                            void* a[] = {&w, &xin, &yout, &r, &c, &k, &gamma, &eps};
-                            launch(f, v2_grid(f, rows, k, 8, persist), 256, a, true);
-                        } else {
-                            void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
-                            launch(f, v2_grid(f, rows, k, 8, true), 256, a, true);
-                        }
+                        void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
+                        launch(f, stream_grid(f, rows, k), 256, a, true);
                     };
                     auto plain = [&](const char* name, unsigned grid, unsigned block, void** a) {
                         launch(fn(name), grid, block, a, true);
@@ -303,13 +298,13 @@ int main(int argc, char** argv) {
             float eps = 1e-5f;
             // Reference: the engine's kernel with its own ksplit, one launch on copy 0.
             int batch = B;
-            auto run_once = [&](CUfunction f, int kind, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
+            // `mma`: the tensor-core candidate's argument list (the batch instead of ldx, ldy, parts).
+            auto run_once = [&](CUfunction f, bool mma, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
                 CK(cuMemsetD8Async(dst, 0, 8 * 32768 * 4, stream));
                 int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr w = pool, parts = 0;
                 void* a1[] = {&w, &x, &dst, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
-                void* a2[] = {&w, &x, &dst, &rows, &cols, &k, &gamma, &eps};
                 void* a3[] = {&w, &x, &dst, &rows, &cols, &batch, &k, &gamma, &eps};
-                launch(f, grid, block, kind == 2 ? a3 : kind == 1 ? a2 : a1, true);
+                launch(f, grid, block, mma ? a3 : a1, true);
                 CK(cuStreamSynchronize(stream));
             };
             auto maxdiff = [&]() {
@@ -320,10 +315,10 @@ int main(int argc, char** argv) {
                 for (size_t i = 0; i < a.size(); i++) m = std::max(m, (double)std::fabs(a[i] - b[i]) / (1e-3 + std::fabs(a[i])));
                 return m;
             };
-            auto bench = [&](const std::string& name, CUfunction f, int kind, int ks, unsigned grid, unsigned block) {
+            auto bench = [&](const std::string& name, CUfunction f, bool mma, int ks, unsigned grid, unsigned block) {
                 if (!f) { printf("%s\t%d\t%s\tmissing\n", s.name, B, name.c_str()); return; }
                 if (*filter && name.find(filter) == std::string::npos && name != "engine") return;
-                run_once(f, kind, ks, grid, block, y);
+                run_once(f, mma, ks, grid, block, y);
                 const double md = maxdiff();
                 CUgraph g; CUgraphExec ge;
                 CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -332,9 +327,8 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < N; i++) {
                     ws[i] = pool + (size_t)(i % copies) * bytes;
                     void* a1[] = {&ws[i], &x, &y, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
-                    void* a2[] = {&ws[i], &x, &y, &rows, &cols, &k, &gamma, &eps};
                     void* a3[] = {&ws[i], &x, &y, &rows, &cols, &batch, &k, &gamma, &eps};
-                    launch(f, grid, block, kind == 2 ? a3 : kind == 1 ? a2 : a1, true);
+                    launch(f, grid, block, mma ? a3 : a1, true);
                 }
                 CK(cuStreamEndCapture(stream, &g));
                 CK(cuGraphInstantiate(&ge, g, 0));
@@ -348,12 +342,12 @@ int main(int argc, char** argv) {
             const int eks = engine_ksplit(s.rows, s.cols);
             char pn[64];
             snprintf(pn, sizeof pn, "gemv_m%d_b%d", s.mode, B);
-            run_once(fn(pn), 0, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256, yref);
-            bench("engine", fn(pn), 0, eks, (s.rows + 8 / eks - 1) / (8 / eks), 256);
+            run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
+            bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
             const int chunks = s.cols / 8;
             for (int ks : {1, 2, 4, 8}) {
                 if (chunks % ks || chunks / ks < 32) continue;
-                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), 0, ks, (s.rows + 8 / ks - 1) / (8 / ks), 256);
+                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), false, ks, stream_grid(fn(pn), s.rows, ks), 256);
                 for (int u : {1, 2, 4}) {
                     char name[64];
                     snprintf(name, sizeof name, "mma_m%d_u%d", s.mode, u);
@@ -362,25 +356,13 @@ int main(int argc, char** argv) {
                     int occ = 0;
                     CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
                     const int tpb = 8 / ks, groups = (s.rows / 16 + tpb - 1) / tpb;
-                    bench(name, f, 2, ks, std::min(groups, occ * sms), 256);
+                    bench(name, f, true, ks, std::min(groups, occ * sms), 256);
                 }
-                for (int warps : {4, 8}) {
-                    if (ks > warps) continue;
-                    for (const char* gpd : {"g2_p0_d1", "g2_p1_d1", "g4_p0_d0", "g4_p0_d1", "g4_p1_d0", "g4_p1_d1", "g8_p0_d0",
-                                            "g8_p0_d1", "g8_p1_d0", "g8_p1_d1", "g16_p0_d0", "g16_p1_d0"}) {
-                        char name[64];
-                        snprintf(name, sizeof name, "v2_m%d_b%d_w%d_%s", s.mode, B, warps, gpd);
-                        CUfunction f = fn(name);
-                        if (!f) continue;
-                        const int rpb = warps / ks, groups = (s.rows + rpb - 1) / rpb;
-                        unsigned grid = groups;
-                        if (strstr(gpd, "_p1")) {
-                            int occ = 0;
-                            CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
-                            grid = std::min(groups, occ * sms);
-                        }
-                        bench(name, f, 1, ks, grid, warps * 32);
-                    }
+                for (int g : {2, 4, 8}) {
+                    char name[64];
+                    snprintf(name, sizeof name, "stream_m%d_b%d_g%d", s.mode, B, g);
+                    CUfunction f = fn(name);
+                    if (f) bench(name, f, false, ks, stream_grid(f, s.rows, ks), 256);
                 }
             }
         }
