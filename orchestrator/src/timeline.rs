@@ -48,13 +48,7 @@ fn panel(svg: &mut String, y0: f64, title: &str, rows: &[Row], no_gpu: Option<&s
         esc(title)
     );
     // Phases, shaded from each mark to the next (the last to the end of the series).
-    let marks: Vec<(u64, &str)> = rows
-        .iter()
-        .filter_map(|r| match r {
-            Row::Phase { t_us, phase } => Some((*t_us, phase.as_str())),
-            _ => None,
-        })
-        .collect();
+    let marks = sampler::summary::phase_marks(rows);
     for (i, (t, p)) in marks.iter().enumerate() {
         let end = marks.get(i + 1).map_or(t1, |m| m.0);
         let (xa, xb) = (x(*t), x(end));

@@ -79,15 +79,19 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     percentile(&v, 0.5)
 }
 
-/// The battery window (start, end) in µs, if the series marks one.
-pub fn battery_window(rows: &[Row]) -> Option<(u64, u64)> {
-    let marks: Vec<(u64, &str)> = rows
-        .iter()
+/// The series' phase marks, (time in µs, phase), in order.
+pub fn phase_marks(rows: &[Row]) -> Vec<(u64, &str)> {
+    rows.iter()
         .filter_map(|r| match r {
             Row::Phase { t_us, phase } => Some((*t_us, phase.as_str())),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// The battery window (start, end) in µs, if the series marks one.
+pub fn battery_window(rows: &[Row]) -> Option<(u64, u64)> {
+    let marks = phase_marks(rows);
     let i = marks.iter().position(|(_, p)| *p == "battery")?;
     let start = marks[i].0;
     let end = match marks.get(i + 1) {
