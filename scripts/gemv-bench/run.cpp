@@ -110,7 +110,7 @@ static void seq_bench() {
           size_t ng = m.H; unsigned s2 = 9; float sc2 = 0.2f, off2 = 1.0f;
           void* b[] = {&gamma, &ng, &s2, &sc2, &off2}; launch(fn("fill_bf16"), 16, 256, b, false); }
         CK(cuMemAlloc(&pos, 4)); CK(cuMemAlloc(&rowt, 4)); CK(cuMemAlloc(&tables, blocks * 4));
-        CK(cuMemAlloc(&part_o, (size_t)m.heads * 16 * m.D * 4)); CK(cuMemAlloc(&part_ml, (size_t)m.heads * 16 * 2 * 4));
+        CK(cuMemAlloc(&part_o, (size_t)m.heads * 32 * m.D * 4)); CK(cuMemAlloc(&part_ml, (size_t)m.heads * 32 * 2 * 4));
         CK(cuMemAlloc(&counts, m.kvh * 4)); CK(cuMemsetD8(counts, 0, m.kvh * 4)); CK(cuMemsetD8(rowt, 0, 4));
         const int vocab = 128256, lks = 1;  // plan.rs lm_head_ksplit for 128256 rows
         const unsigned head_blocks = (vocab + 8 / lks - 1) / (8 / lks);
@@ -134,15 +134,9 @@ static void seq_bench() {
                         {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
             {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
                        {"gemv_m4_b1", 2}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
-            {"gu_g2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                       {"stream_m4_b1_g2", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
-            {"gu_g8", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                       {"stream_m4_b1_g8", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
-            {"qkv_g8", {{"stream_m3_b1_g8", 2}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                       {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
-        for (int ctx : {16, 1000}) {
+        for (int ctx : {16, 64, 256, 1000}) {
             int p = ctx - 1; CK(cuMemcpyHtoD(pos, &p, 4));
             for (auto& [setname, picks] : sets) {
                 const bool is_engine = setname == "engine";
@@ -175,7 +169,7 @@ static void seq_bench() {
                             void* a[] = {&qkvb, &ld, &kcl, &vcl, &pos, &rowt, &tables, &mb, &nh, &nk, &hd, &bsz, &scale,
                                          &part_o, &part_ml, &counts, &attn, &nul, &nul, &nul, &nul, &eps, &invf};
                             CUlaunchConfig cfg = {};
-                            cfg.gridDimX = 1; cfg.gridDimY = m.kvh; cfg.gridDimZ = 16;
+                            cfg.gridDimX = 1; cfg.gridDimY = m.kvh; cfg.gridDimZ = 32;  // plan.rs MAX_SPLITS
                             cfg.blockDimX = 128; cfg.blockDimY = 1; cfg.blockDimZ = 1;
                             cfg.sharedMemBytes = att_smem; cfg.hStream = stream;
                             CUlaunchAttribute attr = {};
