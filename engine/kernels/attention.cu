@@ -44,12 +44,30 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
           const float* __restrict__ inv_freq) {
     extern __shared__ float smem[];
     __shared__ int ticket;
+    float freq[2] = {0.0f, 0.0f};
+    if (inv_freq) rope_freqs(inv_freq, head_dim / 2, threadIdx.x & 31, freq);
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int g = num_heads / num_kv_heads;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gd = g * head_dim;
+    // What depends only on the kernel before is loaded at once: the row's position and block
+    // table, this group's queries and (decode) the new k and v. Nothing waits for any of it yet.
+    constexpr int QPT = G * 128 / (32 * ATT_WARPS);  // queries per thread at most (head_dim <= 128)
+    const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * gd;
+    const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * head_dim;
+    float qv[QPT];
+#pragma unroll
+    for (int k = 0; k < QPT; k++) {
+        const int i = threadIdx.x + k * 32 * ATT_WARPS;
+        qv[k] = i < gd ? q[i] : 0.0f;
+    }
+    const bool has_kv = inv_freq != nullptr && (int)threadIdx.x < head_dim;
+    const float k_raw = has_kv ? kv[threadIdx.x] : 0.0f;
+    const float v_raw = has_kv ? kv[(size_t)num_kv_heads * head_dim + threadIdx.x] : 0.0f;
     const int ctx = positions[row] + 1;
+    const int* table = block_tables + (size_t)row_table[row] * max_blocks;
     const int used = att_splits(ctx, S);
     if (s >= used) return;
     // Balanced shares (plan.rs attention_split): with used <= ctx no split is empty. (Shares of
@@ -57,13 +75,10 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     // max of -inf made the merge NaN.)
     const int start = (int)((long long)s * ctx / used);
     const int end = (int)((long long)(s + 1) * ctx / used);
-    const int gd = g * head_dim;
     float* qs = smem;                       // [g][D], pre-scaled
     float* wo = qs + gd;                    // [ATT_WARPS][g][D]
     float* wml = wo + ATT_WARPS * gd;       // [ATT_WARPS][g][2]
     __shared__ __align__(16) bf16 kv_new[2 * 128];  // decode: the new position's k and v, as cached
-    const int* table = block_tables + (size_t)row_table[row] * max_blocks;
-    const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * gd;
     const size_t head_stride = (size_t)block_size * head_dim;
     const size_t block_stride = (size_t)num_kv_heads * head_stride;
     const bf16* kbase = k_cache + (size_t)kvh * head_stride;
@@ -87,9 +102,9 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     uint4 kn = zero, vn = zero;
     int base = start + warp * ppw;
-    auto fetch = [&](int p) {
+    auto fetch_in = [&](int p, int cache_block) {
         if (p < end && has_dims) {
-            const long long off = (long long)table[p / block_size] * (long long)block_stride +
+            const long long off = (long long)cache_block * (long long)block_stride +
                                   (long long)(p % block_size) * head_dim + 8 * sub;
             kn = *reinterpret_cast<const uint4*>(kbase + off);
             vn = *reinterpret_cast<const uint4*>(vbase + off);
@@ -98,32 +113,38 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
             vn = zero;
         }
     };
-    // The loads that do not wait for the prologue go first: the new position's cache block and
-    // the first step's K and V (the new position's read here is stale and replaced below).
+    // A position's cache block, looked up a step before its K/V are loaded, so no load waits
+    // for the block table.
+    auto cache_block = [&](int p) { return p < end && has_dims ? table[p / block_size] : 0; };
+    // The cache blocks of the new position and of the first two steps are loaded now and used
+    // after the first barrier (the new position's K/V read there is stale and replaced below).
     const int new_block = writes_kv ? table[pos / block_size] : 0;
-    fetch(base + slot);
+    const int first = base + slot;
+    const int first_block = cache_block(first);
+    int next_block = cache_block(first + step);
 
+#pragma unroll
+    for (int k = 0; k < QPT; k++) {
+        const int i = threadIdx.x + k * 32 * ATT_WARPS;
+        if (i < gd) qs[i] = inv_freq ? qv[k] : qv[k] * scale;
+    }
+    if (writes_kv && has_kv) {
+        wo[threadIdx.x] = k_raw;
+        wo[head_dim + threadIdx.x] = v_raw;
+    }
+    __syncthreads();
+    fetch_in(first, first_block);
     if (inv_freq) {
-        for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = q[i];
-        if (writes_kv) {
-            const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * head_dim;
-            const float* vv = kv + (size_t)num_kv_heads * head_dim;
-            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-                wo[i] = kv[i];
-                wo[head_dim + i] = vv[i];
-            }
-        }
-        __syncthreads();
+        const RopeAngles rot = rope_angles(freq, pos);
         for (int h = warp; h < g; h += ATT_WARPS) {
             float* qh = qs + h * head_dim;
-            rope_head(qh, kvh * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, inv_freq,
-                      pos, lane);
+            rope_head(qh, kvh * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
             for (int d = lane; d < head_dim; d += 32) qh[d] *= scale;
         }
         if (writes_kv && warp < 2) {
             const int h = num_heads + warp * num_kv_heads + kvh;  // warp 0: k, warp 1: v
             float* v = wo + warp * head_dim;
-            rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, inv_freq, pos, lane);
+            rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
             bf16* dst = (warp == 0 ? k_cache : v_cache) + (size_t)new_block * block_stride +
                         (size_t)kvh * head_stride + (size_t)(pos % block_size) * head_dim;
             for (int d = lane; d < head_dim; d += 32) {
@@ -132,16 +153,16 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
                 kv_new[warp * head_dim + d] = b;
             }
         }
-    } else {
-        for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = q[i] * scale;
+        __syncthreads();
     }
-    __syncthreads();
     uint4 k_new = zero, v_new = zero;
     if (writes_kv && has_dims) {
         k_new = reinterpret_cast<const uint4*>(kv_new)[sub];
         v_new = reinterpret_cast<const uint4*>(kv_new + head_dim)[sub];
     }
 
+    // Heads past g (g not a power of two) run on zero queries and are never written: no branch
+    // on the head, so the compiler interleaves the heads' dependent chains.
     float qr[G][8], m[G], l[G], acc[G][8];
 #pragma unroll
     for (int h = 0; h < G; h++) {
@@ -160,54 +181,72 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
             k = k_new;
             v = v_new;
         }
-        fetch(base + step + slot);
+        fetch_in(base + step + slot, next_block);
+        next_block = cache_block(base + 2 * step + slot);
         const float kf[8] = {bf_lo(k.x), bf_hi(k.x), bf_lo(k.y), bf_hi(k.y),
                              bf_lo(k.z), bf_hi(k.z), bf_lo(k.w), bf_hi(k.w)};
         const float vf[8] = {bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y),
                              bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w)};
+        float sc[G];
 #pragma unroll
         for (int h = 0; h < G; h++) {
-            if (h < g) {
-                float sc = 0.0f;
+            sc[h] = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 8; j++) sc = fmaf(qr[h][j], kf[j], sc);
-                for (int o = lpp >> 1; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-                // Each slot keeps its own running max and sum, so a step needs no reduction
-                // across the warp; the slots are merged once, below.
-                if (valid) {
-                    const float mnew = fmaxf(m[h], sc);
-                    const float corr = expf(m[h] - mnew);  // 0 on the slot's first position
-                    const float p = expf(sc - mnew);
-                    l[h] = l[h] * corr + p;
-                    m[h] = mnew;
+            for (int j = 0; j < 8; j++) sc[h] = fmaf(qr[h][j], kf[j], sc[h]);
+        }
+        for (int o = lpp >> 1; o > 0; o >>= 1) {
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[h][j] = fmaf(p, vf[j], acc[h][j] * corr);
-                }
-            }
+            for (int h = 0; h < G; h++) sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], o);
+        }
+        // Each slot keeps its own running max and sum, so a step needs no reduction across the
+        // warp; the slots are merged once, below. A slot past the end keeps its state exactly.
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            const float mnew = valid ? fmaxf(m[h], sc[h]) : m[h];
+            const float corr = valid ? expf(m[h] - mnew) : 1.0f;  // 0 on the slot's first position
+            const float p = valid ? expf(sc[h] - mnew) : 0.0f;
+            l[h] = l[h] * corr + p;
+            m[h] = mnew;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[h][j] = fmaf(p, vf[j], acc[h][j] * corr);
         }
     }
     // Merge the warp's slots (a slot that had no position has max -inf and weighs 0): lanes with
-    // the same `sub` hold the same dimensions.
+    // the same `sub` hold the same dimensions. Every head and dimension at each shuffle level,
+    // so the shuffles are independent and overlap.
+    float M[G], lw[G];
+#pragma unroll
+    for (int h = 0; h < G; h++) M[h] = m[h];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int h = 0; h < G; h++) M[h] = fmaxf(M[h], __shfl_xor_sync(0xffffffffu, M[h], o));
+    }
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        const float e = m[h] == -INF_F ? 0.0f : expf(m[h] - M[h]);
+        lw[h] = l[h] * e;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[h][j] *= e;
+    }
+    for (int o = lpp; o < 32; o <<= 1) {
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            lw[h] += __shfl_xor_sync(0xffffffffu, lw[h], o);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+        }
+    }
 #pragma unroll
     for (int h = 0; h < G; h++) {
         if (h < g) {
-            const float M = warp_max(m[h]);
-            const float e = m[h] == -INF_F ? 0.0f : expf(m[h] - M);
-            float lw = l[h] * e;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float a = acc[h][j] * e;
-                for (int o = lpp; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-                acc[h][j] = a;
-            }
-            for (int o = lpp; o < 32; o <<= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
             if (slot == 0 && has_dims) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) wo[(warp * g + h) * head_dim + 8 * sub + j] = acc[h][j];
             }
             if (lane == 0) {
-                wml[(warp * g + h) * 2] = M;
-                wml[(warp * g + h) * 2 + 1] = lw;
+                wml[(warp * g + h) * 2] = M[h];
+                wml[(warp * g + h) * 2 + 1] = lw[h];
             }
         }
     }
@@ -259,6 +298,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
         wsplit[h * ATT_MAX_SPLITS + lane] = e / warp_sum(e * lj);
     }
     __syncthreads();
+
     for (int i = threadIdx.x; i < gd; i += blockDim.x) {
         const int h = i / head_dim, d = i - h * head_dim;
         const size_t base = ((size_t)row * num_heads + kvh * g + h) * S;

@@ -7,13 +7,30 @@
 // qkv: [rows][(H + 2*KVH) * D] f32. Cache layout per layer: [block][kv_head][slot][D] bf16.
 // One block per row; each warp takes one head at a time.
 
+// A lane's rotation angles: dimensions i = lane and lane + 32 of the first half of a head
+// (head_dim <= 128), as sin and cos of pos * inv_freq[i] in f32, as transformers computes them.
+struct RopeAngles { float s[2], c[2]; };
+
+// inv_freq is constant: the attention kernel loads it before waiting for the kernel before.
+__device__ __forceinline__ void rope_freqs(const float* __restrict__ inv_freq, int half, int lane, float (&f)[2]) {
+#pragma unroll
+    for (int k = 0; k < 2; k++) f[k] = lane + 32 * k < half ? inv_freq[lane + 32 * k] : 0.0f;
+}
+
+__device__ __forceinline__ RopeAngles rope_angles(const float (&f)[2], int pos) {
+    RopeAngles r;
+#pragma unroll
+    for (int k = 0; k < 2; k++) sincosf((float)pos * f[k], &r.s[k], &r.c[k]);
+    return r;
+}
+
 // Head h (0..H-1: q, then k, then v) of one row, in place, by one warp: bias, q/k norm, RoPE.
 // The decode attention kernel does the same for its own heads (attention.cu), so a K row is the
 // same bits whether prefill or decode wrote it.
 __device__ __forceinline__ void rope_head(float* v, int h, int num_heads, int num_kv_heads, int head_dim,
                                           const bf16* __restrict__ bias, const bf16* __restrict__ q_norm,
-                                          const bf16* __restrict__ k_norm, float eps,
-                                          const float* __restrict__ inv_freq, int pos, int lane) {
+                                          const bf16* __restrict__ k_norm, float eps, const RopeAngles& rot,
+                                          int lane) {
     const int half = head_dim / 2;
     if (bias) {
         for (int d = lane; d < head_dim; d += 32) v[d] += bf2f(bias[h * head_dim + d]);
@@ -31,12 +48,14 @@ __device__ __forceinline__ void rope_head(float* v, int h, int num_heads, int nu
             for (int d = lane; d < head_dim; d += 32) v[d] = bf2f(nw[d]) * (v[d] * inv);
             __syncwarp();
         }
-        for (int i = lane; i < half; i += 32) {
-            float s, c;
-            sincosf((float)pos * inv_freq[i], &s, &c);
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int i = lane + 32 * k;
+            if (i < half) {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * rot.c[k] - b * rot.s[k];
+                v[i + half] = b * rot.c[k] + a * rot.s[k];
+            }
         }
         __syncwarp();
     }
@@ -57,9 +76,12 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const bf16* __restri
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int block = block_tables[(size_t)row_table[row] * max_blocks + pos / block_size];
     const int slot = pos % block_size;
+    float f[2];
+    rope_freqs(inv_freq, head_dim / 2, lane, f);
+    const RopeAngles rot = rope_angles(f, pos);
     for (int h = warp; h < total_heads; h += nwarps) {
         float* v = r + h * head_dim;
-        rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, inv_freq, pos, lane);
+        rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
         if (h >= num_heads) {
             const bool is_k = h < num_heads + num_kv_heads;
             const int kvh = is_k ? h - num_heads : h - num_heads - num_kv_heads;

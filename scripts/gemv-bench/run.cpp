@@ -8,6 +8,8 @@
 // Here (NVRTC from the Python environment):  python3 compile.py kernels.cubin
 // On the GPU box (nvcc there):  nvcc -O2 -std=c++17 run.cpp -lcuda -o /tmp/gb
 //                               /tmp/gb kernels.cubin [filter | seq]
+// seq takes SEQ_MODEL (1b, 8b), SEQ_CTX (16, 64, 256, 1000) and SEQ_VARIANT (full, no_att, ...)
+// from the environment to run one part only.
 #include <cuda.h>
 #include <algorithm>
 #include <cmath>
@@ -91,6 +93,7 @@ static unsigned stream_grid(CUfunction f, int rows, int ks) {
 static void seq_bench() {
     const Model models[] = {{"1b", 2048, 32, 8, 64, 8192, 16}, {"8b", 4096, 32, 8, 128, 14336, 32}};
     for (const Model& m : models) {
+        if (getenv("SEQ_MODEL") && strcmp(getenv("SEQ_MODEL"), m.name) != 0) continue;
         const int q = m.heads * m.D, kv = m.kvh * m.D, qkvw = q + 2 * kv;
         const size_t wq = (size_t)qkvw * m.H * 2, wo = (size_t)m.H * q * 2, wgu = (size_t)2 * m.I * m.H * 2,
                      wd = (size_t)m.H * m.I * 2, per_layer = wq + wo + wgu + wd;
@@ -137,11 +140,13 @@ static void seq_bench() {
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 64, 256, 1000}) {
+            if (getenv("SEQ_CTX") && atoi(getenv("SEQ_CTX")) != ctx) continue;
             int p = ctx - 1; CK(cuMemcpyHtoD(pos, &p, 4));
             for (auto& [setname, picks] : sets) {
                 const bool is_engine = setname == "engine";
                 for (const char* variant : {"full", "no_att", "no_head", "no_edges", "att_only"}) {
                     if (!is_engine && strcmp(variant, "full") != 0 && strcmp(variant, "no_att") != 0) continue;
+                    if (getenv("SEQ_VARIANT") && strcmp(getenv("SEQ_VARIANT"), variant) != 0) continue;
                     const bool with_att = strcmp(variant, "no_att") != 0;
                     const bool with_head = strcmp(variant, "no_head") != 0 && strcmp(variant, "att_only") != 0;
                     const bool with_edges = strcmp(variant, "no_edges") != 0 && strcmp(variant, "att_only") != 0;
