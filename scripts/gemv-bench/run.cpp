@@ -81,17 +81,15 @@ static int engine_ksplit(int rows, int cols) {
 // One decode step's layers (no lm_head) as the engine runs them, in one graph with PDL:
 // qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
 struct Model { const char* name; int H, heads, kvh, D, I, L; };
-struct Pick { std::string kernel; int ksplit; bool balanced = false; };
+struct Pick { std::string kernel; int ksplit; };
 // The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
-// rows while they all fit on the GPU at once, else what fits.
-// `balanced`: as few blocks as take the same number of rounds, so every block walks as many groups.
-static unsigned stream_grid(CUfunction f, int rows, int ks, bool balanced = false) {
+// rows while they all fit on the GPU at once, else as few blocks as walk the groups in the same
+// number of rounds as what fits.
+static unsigned stream_grid(CUfunction f, int rows, int ks) {
     const int rpb = 8 / ks, groups = (rows + rpb - 1) / rpb;
     int occ = 0;
     CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-    const int grid = std::min(groups, occ * sms);
-    if (!balanced) return grid;
-    const int rounds = (groups + grid - 1) / grid;
+    const int rounds = (groups + occ * sms - 1) / (occ * sms);
     return (groups + rounds - 1) / rounds;
 }
 static void seq_bench() {
@@ -141,10 +139,6 @@ static void seq_bench() {
                         {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
             {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
                        {"gemv_m4_b1", 2}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
-            {"balanced", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), true}, {"gemv_m1_b1", engine_ksplit(m.H, q), true},
-                          {"gemv_m4_b1", engine_ksplit(m.I, m.H), true}, {"gemv_m1_b1", engine_ksplit(m.H, m.I), true}}},
-            {"bal_qkv", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H), true}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                         {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 64, 256, 1000}) {
@@ -166,7 +160,7 @@ static void seq_bench() {
                         if (!f) { fprintf(stderr, "missing %s\n", pk.kernel.c_str()); exit(1); }
                         int r = rows, c = cols, k = pk.ksplit; CUdeviceptr parts = 0;
                         void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
-                        launch(f, stream_grid(f, rows, k, pk.balanced), 256, a, true);
+                        launch(f, stream_grid(f, rows, k), 256, a, true);
                     };
                     auto plain = [&](const char* name, unsigned grid, unsigned block, void** a) {
                         launch(fn(name), grid, block, a, true);
