@@ -169,8 +169,12 @@ GEMV_ARGMAX_KERNEL(7)
 GEMV_ARGMAX_KERNEL(8)
 
 // Modes 0-4. G: 16-byte loads per lane per weight row per step (4 at batch 1; 2 at larger
-// batches, whose activation reads need the registers).
-template <int B, int MODE, int G>
+// batches, whose activation reads need the registers). VK = 2 (with ksplit 1): one warp sums a
+// row as two warps would with ksplit 2, the halves of K in two accumulators added at the end in
+// the same order, so the result is the same bits; gate/up at batch 2-8 (plan.rs gemv_launch),
+// where a barrier per row group costs more than the second warp gains. Needs (cols / 16) % 32
+// == 0, so the halves' chunks fall to the same lanes as the two warps'.
+template <int B, int MODE, int G, int VK = 1>
 __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                             int ksplit, const bf16* __restrict__ gamma, float eps) {
@@ -185,6 +189,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     const int kpart = warp % ksplit;
     const int per = (cols >> 3) / ksplit;
     const int c0 = kpart * per, c1 = c0 + per;
+    const int half = per / VK;
     const int nsteps = (per + 32 * G - 1) / (32 * G);
     const int ngroups = (rows + rpb - 1) / rpb;
     const int stride = gridDim.x;
@@ -239,11 +244,13 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
         __syncthreads();
     }
 
-    float acc[NW][B];
+    float acc[VK][NW][B];
 #pragma unroll
-    for (int r = 0; r < NW; r++)
+    for (int v = 0; v < VK; v++)
 #pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
+        for (int r = 0; r < NW; r++)
+#pragma unroll
+            for (int b = 0; b < B; b++) acc[v][r][b] = 0.0f;
 
     for (int t = 0; t < T; t++) {
         if (t + 1 < T) issue(t + 1, nxt);
@@ -255,12 +262,19 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
 #pragma unroll
             for (int u = 0; u < G; u++) {
                 if (c + 32 * u < c1) {
+                    // The same for every lane: half is a multiple of 32 chunks.
+                    const bool hi = VK == 2 && c - lane - c0 + 32 * u >= half;
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float4 xa, xb;
                         x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
+                        if (hi) {
 #pragma unroll
-                        for (int r = 0; r < NW; r++) fma8(acc[r][b], cur[r][u], xa, xb);
+                            for (int r = 0; r < NW; r++) fma8(acc[VK - 1][r][b], cur[r][u], xa, xb);
+                        } else {
+#pragma unroll
+                            for (int r = 0; r < NW; r++) fma8(acc[0][r][b], cur[r][u], xa, xb);
+                        }
                     }
                 }
             }
@@ -271,16 +285,30 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
             for (int u = 0; u < G; u++) cur[r][u] = nxt[r][u];
         if (s == nsteps - 1) {
 #pragma unroll
-            for (int r = 0; r < NW; r++)
+            for (int v = 0; v < VK; v++)
 #pragma unroll
-                for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int b = 0; b < B; b++) acc[v][r][b] = warp_sum(acc[v][r][b]);
+            if (VK == 2) {
+                // As the ksplit 2 path below sums its two warps: from zero, in order.
+#pragma unroll
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int b = 0; b < B; b++) {
+                        float tt = 0.0f;
+                        tt += acc[0][r][b];
+                        tt += acc[VK - 1][r][b];
+                        acc[0][r][b] = tt;
+                    }
+            }
             if (ksplit > 1) {
                 const int par = gi & 1;
                 if (lane == 0) {
 #pragma unroll
                     for (int r = 0; r < NW; r++)
 #pragma unroll
-                        for (int b = 0; b < B; b++) red[par][warp][r][b] = acc[r][b];
+                        for (int b = 0; b < B; b++) red[par][warp][r][b] = acc[0][r][b];
                 }
                 __syncthreads();
                 if (kpart == 0 && lane == 0) {
@@ -290,7 +318,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
                         for (int b = 0; b < B; b++) {
                             float tt = 0.0f;
                             for (int k = 0; k < ksplit; k++) tt += red[par][warp + k][r][b];
-                            acc[r][b] = tt;
+                            acc[0][r][b] = tt;
                         }
                 }
             }
@@ -300,32 +328,37 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
                     const float inv = NORM ? inv_s[b] : 1.0f;
                     float* out = y + (size_t)b * ldy + row;
                     if (NW == 2) {
-                        const float gg = acc[0][b] * inv, uu = acc[NW - 1][b] * inv;
+                        const float gg = acc[0][0][b] * inv, uu = acc[0][NW - 1][b] * inv;
                         *out = gg / (1.0f + expf(-gg)) * uu;
                     } else if (MODE == 1) {
-                        *out += acc[0][b];
+                        *out += acc[0][0][b];
                     } else {
-                        *out = acc[0][b] * inv;
+                        *out = acc[0][0][b] * inv;
                     }
                 }
             }
 #pragma unroll
-            for (int r = 0; r < NW; r++)
+            for (int v = 0; v < VK; v++)
 #pragma unroll
-                for (int b = 0; b < B; b++) acc[r][b] = 0.0f;
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int b = 0; b < B; b++) acc[v][r][b] = 0.0f;
         }
     }
 }
 
-#define GEMV_STREAM_KERNEL(B, MODE, G)                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m##MODE##_b##B(             \
+#define GEMV_STREAM_KERNEL(B, MODE, G) GEMV_STREAM_KERNEL_AS(B, MODE, MODE, G, 1)
+#define GEMV_STREAM_KERNEL_AS(B, NAME, MODE, G, VK)                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m##NAME##_b##B(             \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv_stream<B, MODE, G>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);                \
+        gemv_stream<B, MODE, G, VK>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
     }
+// Modes 6 and 7: 2 and 4 with VK = 2.
 #define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 0, G) GEMV_STREAM_KERNEL(B, 1, G) \
-    GEMV_STREAM_KERNEL(B, 2, G) GEMV_STREAM_KERNEL(B, 3, G) GEMV_STREAM_KERNEL(B, 4, G)
+    GEMV_STREAM_KERNEL(B, 2, G) GEMV_STREAM_KERNEL(B, 3, G) GEMV_STREAM_KERNEL(B, 4, G) \
+    GEMV_STREAM_KERNEL_AS(B, 6, 2, G, 2) GEMV_STREAM_KERNEL_AS(B, 7, 4, G, 2)
 GEMV_STREAM_MODES(1, 4)
 GEMV_STREAM_MODES(2, 2)
 GEMV_STREAM_MODES(3, 2)

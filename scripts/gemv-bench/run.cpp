@@ -71,10 +71,11 @@ template <class F> static float time_ms_g(F&& body, int reps) {
 
 struct Shape { const char* name; int rows, cols, mode; };
 
-// The engine's choice for its streaming GEMVs (plan.rs gemv_ksplit).
-static int engine_ksplit(int rows, int cols) {
+// The engine's choice for its streaming GEMVs at batch 1 (plan.rs gemv_ksplit).
+static int engine_ksplit(int rows, int cols, bool gate_up = false) {
     const int chunks = cols / 8;
-    return rows < 8192 && chunks % 2 == 0 && chunks / 2 >= 32 ? 2 : 1;
+    const bool two = chunks % 2 == 0 && chunks / 2 >= 32;
+    return two && (rows < 8192 || (gate_up && (chunks / 2) % 32 == 0)) ? 2 : 1;
 }
 
 
@@ -136,9 +137,9 @@ static void seq_bench() {
         // Kernel choice per matrix: qkv, o, gate_up, down.
         std::vector<std::pair<std::string, std::vector<Pick>>> sets = {
             {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                        {"gemv_m4_b1", engine_ksplit(m.I, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
-            {"gu_k2", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                       {"gemv_m4_b1", 2}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+                        {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"gu_k1", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                       {"gemv_m4_b1", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 64, 256, 1000}) {
@@ -340,9 +341,12 @@ int main(int argc, char** argv) {
                 fflush(stdout);
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(g));
             };
-            const int eks = engine_ksplit(s.rows, s.cols);
+            int eks = engine_ksplit(s.rows, s.cols, s.mode == 4);
+            // plan.rs gemv_launch: tall gate/up past batch 1 runs mode 7, one warp for both slices.
+            const bool one_warp = s.mode == 4 && eks == 2 && B > 1 && s.rows >= 8192;
+            if (one_warp) eks = 1;
             char pn[64];
-            snprintf(pn, sizeof pn, "gemv_m%d_b%d", s.mode, B);
+            snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 7 : s.mode, B);
             run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
             bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
             const int chunks = s.cols / 8;

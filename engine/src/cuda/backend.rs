@@ -43,7 +43,8 @@ struct Funcs {
     attention: CudaFunction,
     swiglu: CudaFunction,
     argmax_final: CudaFunction,
-    /// gemv[mode][batch - 1]
+    /// gemv[mode][batch - 1]; modes 6 and 7 are gate/up's 2 and 4 summing a row's two slices
+    /// in one warp (plan.rs gemv_launch).
     gemv: Vec<Vec<CudaFunction>>,
     /// Blocks of each streaming GEMV (modes 0-4) resident on the whole GPU at once, its
     /// persistent grid: resident[mode][batch - 1].
@@ -363,17 +364,18 @@ impl CudaBackend {
         gamma: u64,
         parts: u64,
     ) -> Result<()> {
-        let (ksplit, grid) = if mode == 5 {
+        let (ksplit, grid, kernel) = if mode == 5 {
             let k = plan::lm_head_ksplit(rows, cols);
-            (k, plan::gemv_blocks(rows, k))
+            (k, plan::gemv_blocks(rows, k), mode)
         } else {
-            let k = plan::gemv_ksplit(rows, cols);
-            (
-                k,
-                plan::gemv_grid(rows, k, self.f.resident[mode][batch - 1]),
-            )
+            let gate_up = mode == 2 || mode == 4;
+            let (k, one_warp) = plan::gemv_launch(rows, cols, gate_up, batch);
+            // Modes 6 and 7: 2 and 4 with one warp summing both slices of a row.
+            let kernel = if one_warp { mode / 2 + 5 } else { mode };
+            let resident = self.f.resident[kernel][batch - 1];
+            (k, plan::gemv_grid(rows, k, resident), kernel)
         };
-        launch!(&self.f.gemv[mode][batch - 1], &self.stream, self.pdl,
+        launch!(&self.f.gemv[kernel][batch - 1], &self.stream, self.pdl,
             (grid, 1, 1), GEMV_THREADS, 0;
             w, x, y, rows as i32, cols as i32, cols as i32, rows as i32, ksplit as i32, gamma,
             self.cfg.rms_norm_eps, parts)?;
@@ -635,7 +637,7 @@ impl Funcs {
         let k = |n: &str| kernels::function(module, n);
         let mut gemv = Vec::new();
         let mut resident = Vec::new();
-        for mode in 0..6 {
+        for mode in 0..8 {
             let fs = (1..=plan::MAX_GEMV_BATCH)
                 .map(|b| k(&format!("gemv_m{mode}_b{b}")))
                 .collect::<Result<Vec<_>>>()?;

@@ -102,18 +102,35 @@ pub fn lm_head_ksplit(rows: usize, cols: usize) -> usize {
     k
 }
 
-/// Warps that share one output row of a streaming GEMV (modes 0-4), from the matrix's shape
+/// How many slices of K a streaming GEMV's row is summed in (modes 0-4), from the matrix's shape
 /// alone so that a row's sum does not depend on the batch: two for matrices of fewer than
-/// [`GEMV_TARGET_WARPS`] rows (more warps, so more loads, in flight per row), one for taller
-/// ones, which have rows enough. Measured on the H200 (scripts/gemv-bench): two is the best or
-/// within 5% of it at batch 1 for every Llama-3.2-1B and -3.1-8B matrix but gate/up, for which
-/// one is 20-25% faster at batch 8.
-pub fn gemv_ksplit(rows: usize, cols: usize) -> usize {
+/// [`GEMV_TARGET_WARPS`] rows (two warps per row: more loads in flight per row), and for gate/up
+/// (`gate_up`) whatever its height when its halves are whole 32-lane steps; one for other tall
+/// matrices, which have rows enough. Measured on the H200 (scripts/gemv-bench `seq`): two is the
+/// best or within 5% of it at batch 1 for every Llama-3.2-1B and -3.1-8B matrix; for the tall
+/// gate/up it made the whole step 1.1% (1B) and 2.1% (8B) faster at batch 1 (engine bench: 8B
+/// 4.763 -> 4.649 ms per token). At batch 2-8 one warp sums both slices ([`gemv_launch`]); that
+/// cost batch 8 7.8% on the 8B (436 -> 402 tok/s) against one slice.
+pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     let chunks = cols / 8;
-    if rows < GEMV_TARGET_WARPS && chunks % 2 == 0 && chunks / 2 >= 32 {
+    let two = chunks % 2 == 0 && chunks / 2 >= 32;
+    if two && (rows < GEMV_TARGET_WARPS || gate_up && (chunks / 2) % 32 == 0) {
         2
     } else {
         1
+    }
+}
+
+/// How a streaming GEMV is launched at `batch`: its warps per row, and whether one warp sums
+/// the row's two slices itself (gemv.cu's VK = 2: kernel modes 6 and 7 for gate/up's 2 and 4),
+/// which gives the same bits as two warps. Tall gate/up matrices do that at batch 2-8, where
+/// two warps per row measured 20-25% slower than one warp over one slice (scripts/gemv-bench).
+pub fn gemv_launch(rows: usize, cols: usize, gate_up: bool, batch: usize) -> (usize, bool) {
+    let k = gemv_ksplit(rows, cols, gate_up);
+    if gate_up && k == 2 && batch > 1 && rows >= GEMV_TARGET_WARPS {
+        (1, true)
+    } else {
+        (k, false)
     }
 }
 
@@ -343,14 +360,19 @@ mod tests {
         assert_eq!(lm_head_ksplit(128256, 2048), 1);
         assert_eq!(lm_head_ksplit(64, 1024), 4);
         // Streaming GEMVs: Llama-3.2-1B q/k/v, o, gate/up, down; Llama-3.1-8B gate/up.
-        assert_eq!(gemv_ksplit(3072, 2048), 2);
-        assert_eq!(gemv_ksplit(2048, 2048), 2);
-        assert_eq!(gemv_ksplit(8192, 2048), 1);
-        assert_eq!(gemv_ksplit(2048, 8192), 2);
-        assert_eq!(gemv_ksplit(14336, 4096), 1);
+        assert_eq!(gemv_ksplit(3072, 2048, false), 2);
+        assert_eq!(gemv_ksplit(2048, 2048, false), 2);
+        assert_eq!(gemv_ksplit(8192, 2048, true), 2);
+        assert_eq!(gemv_ksplit(2048, 8192, false), 2);
+        assert_eq!(gemv_ksplit(14336, 4096, true), 2);
+        // A tall matrix other than gate/up: one warp per row.
+        assert_eq!(gemv_ksplit(14336, 4096, false), 1);
+        // Tall gate/up whose halves are not whole 32-lane steps (80 chunks): one slice.
+        assert_eq!(gemv_ksplit(8192, 1280, true), 1);
+        assert_eq!(gemv_ksplit(4096, 1280, true), 2);
         // Too few 16-byte chunks for two slices of 32 lanes each.
-        assert_eq!(gemv_ksplit(64, 256), 1);
-        assert_eq!(gemv_ksplit(64, 512), 2);
+        assert_eq!(gemv_ksplit(64, 256, false), 1);
+        assert_eq!(gemv_ksplit(64, 512, false), 2);
         // All groups fit: one block each; more than fit: as few blocks as take the same rounds,
         // each walking as many groups (1B q/k/v: 768 groups, 2 rounds of 384 rather than 528 and
         // 240; 8B gate/up: 1,792 groups, 7 rounds of 256).
@@ -379,7 +401,7 @@ mod tests {
                 "{rows}: a whole round is idle"
             );
         }
-        assert_eq!(gemv_ksplit(64, 64), 1);
+        assert_eq!(gemv_ksplit(64, 64, false), 1);
         assert_eq!(lm_head_blocks(&c), 16032);
         // Llama-3.2-1B: 4 query heads per KV head of 64 dims, 4 warps.
         assert_eq!(attention_smem_bytes(&c), 4 * (256 + 4 * 256 + 4 * 4 * 2));
@@ -393,6 +415,23 @@ mod tests {
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);
+    }
+
+    #[test]
+    fn tall_gate_up_sums_its_two_slices_in_one_warp_past_batch_1() {
+        // Llama-3.1-8B gate/up: two warps at batch 1, one warp with both slices at 2-8; the
+        // numerics (two slices) are the same at every batch.
+        assert_eq!(gemv_launch(14336, 4096, true, 1), (2, false));
+        for batch in 2..=MAX_GEMV_BATCH {
+            assert_eq!(gemv_launch(14336, 4096, true, batch), (1, true));
+        }
+        // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
+        for batch in 1..=MAX_GEMV_BATCH {
+            assert_eq!(gemv_launch(4096, 1024, true, batch), (2, false));
+            assert_eq!(gemv_launch(14336, 4096, false, batch), (1, false));
+            assert_eq!(gemv_launch(4096, 14336, false, batch), (2, false));
+            assert_eq!(gemv_launch(8192, 1280, true, batch), (1, false));
+        }
     }
 
     #[test]
