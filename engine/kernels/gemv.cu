@@ -172,8 +172,9 @@ GEMV_ARGMAX_KERNEL(8)
 // batches, whose activation reads need the registers). VK = 2 (with ksplit 1): one warp sums a
 // row as two warps would with ksplit 2, the halves of K in two accumulators added at the end in
 // the same order, so the result is the same bits; gate/up at batch 2-8 (plan.rs gemv_launch),
-// where a barrier per row group costs more than the second warp gains. Needs (cols / 16) % 32
-// == 0, so the halves' chunks fall to the same lanes as the two warps'.
+// where two warps per row measured slower than one. Needs (cols / 16) % 32 == 0, so the halves'
+// chunks fall to the same lanes as the two warps'. (It picks the accumulator per chunk; batch 8
+// on the 8B is 7.8% slower than with one slice: docs/ENGINE.md.)
 template <int B, int MODE, int G, int VK = 1>
 __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
