@@ -175,7 +175,10 @@ GEMV_ARGMAX_KERNEL(8)
 // where two warps per row measured slower than one. Needs (cols / 16) % 32 == 0, so the halves'
 // chunks fall to the same lanes as the two warps'. (It picks the accumulator per chunk; batch 8
 // on the 8B is 7.8% slower than with one slice: docs/ENGINE.md.)
-template <int B, int MODE, int G, int VK = 1>
+// SWITCH (a candidate timed by scripts/gemv-bench, not run by the engine): VK = 2 with every
+// FMA into one accumulator, whose sum moves aside once, at the step where the second half
+// begins; needs (cols / 16) % (32 G) == 0.
+template <int B, int MODE, int G, int VK = 1, bool SWITCH = false>
 __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                             int ksplit, const bf16* __restrict__ gamma, float eps) {
@@ -259,12 +262,21 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
         const int g = blockIdx.x + gi * stride;
         const int row = g * rpb + warp / ksplit;
         const int c = c0 + s * 32 * G + lane;
+        if (VK == 2 && SWITCH && s * 32 * G == half) {
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    acc[VK - 1][r][b] = acc[0][r][b];
+                    acc[0][r][b] = 0.0f;
+                }
+        }
         if (row < rows) {
 #pragma unroll
             for (int u = 0; u < G; u++) {
                 if (c + 32 * u < c1) {
                     // The same for every lane: half is a multiple of 32 chunks.
-                    const bool hi = VK == 2 && c - lane - c0 + 32 * u >= half;
+                    const bool hi = VK == 2 && !SWITCH && c - lane - c0 + 32 * u >= half;
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float4 xa, xb;
@@ -298,8 +310,8 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float tt = 0.0f;
-                        tt += acc[0][r][b];
-                        tt += acc[VK - 1][r][b];
+                        tt += acc[SWITCH ? VK - 1 : 0][r][b];
+                        tt += acc[SWITCH ? 0 : VK - 1][r][b];
                         acc[0][r][b] = tt;
                     }
             }

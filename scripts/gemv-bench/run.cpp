@@ -349,6 +349,12 @@ int main(int argc, char** argv) {
             snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 7 : s.mode, B);
             run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
             bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
+            if (one_warp) {
+                // The candidate for mode 7 (variants.cu): same bits expected, maxdiff 0.
+                snprintf(pn, sizeof pn, "stream_m4_b%d_switch", B);
+                if (CUfunction f = fn(pn)) bench(pn, f, false, 1, stream_grid(f, s.rows, 1), 256);
+                snprintf(pn, sizeof pn, "gemv_m%d_b%d", 7, B);
+            }
             const int chunks = s.cols / 8;
             for (int ks : {1, 2, 4, 8}) {
                 if (chunks % ks || chunks / ks < 32) continue;
