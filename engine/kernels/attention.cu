@@ -287,7 +287,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     if (threadIdx.x == 0) *count = 0;
     // One warp per query head weighs the splits (lane j: split j), then each thread sums its
     // dimensions' partial outputs with every split's load in flight at once (a loop over
-    // `used` waited for each load in turn: 26 us per layer at 1,000 positions on the 8B).
+    // `used` had waited for each load in turn).
     float* wsplit = wo;  // [g][ATT_MAX_SPLITS]: the warps' outputs are merged already
     for (int h = warp; h < g; h += ATT_WARPS) {
         const size_t base = ((size_t)row * num_heads + kvh * g + h) * S;

@@ -368,10 +368,10 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
         float2* __restrict__ parts) {                                                              \
         gemv_stream<B, MODE, G, VK>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
     }
-// Modes 6 and 7: 2 and 4 with VK = 2.
+// Mode 6: gate/up (4) with VK = 2. (The engine launches modes 1, 3 and 4 otherwise.)
 #define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 0, G) GEMV_STREAM_KERNEL(B, 1, G) \
     GEMV_STREAM_KERNEL(B, 2, G) GEMV_STREAM_KERNEL(B, 3, G) GEMV_STREAM_KERNEL(B, 4, G) \
-    GEMV_STREAM_KERNEL_AS(B, 6, 2, G, 2) GEMV_STREAM_KERNEL_AS(B, 7, 4, G, 2)
+    GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2)
 GEMV_STREAM_MODES(1, 4)
 GEMV_STREAM_MODES(2, 2)
 GEMV_STREAM_MODES(3, 2)

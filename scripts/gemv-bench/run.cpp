@@ -342,18 +342,18 @@ int main(int argc, char** argv) {
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(g));
             };
             int eks = engine_ksplit(s.rows, s.cols, s.mode == 4);
-            // plan.rs gemv_launch: tall gate/up past batch 1 runs mode 7, one warp for both slices.
+            // plan.rs gemv_launch: tall gate/up past batch 1 runs mode 6, one warp for both slices.
             const bool one_warp = s.mode == 4 && eks == 2 && B > 1 && s.rows >= 8192;
             if (one_warp) eks = 1;
             char pn[64];
-            snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 7 : s.mode, B);
+            snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 6 : s.mode, B);
             run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
             bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
             if (one_warp) {
-                // The candidate for mode 7 (variants.cu): same bits expected, maxdiff 0.
+                // The candidate for mode 6 (variants.cu): same bits expected, maxdiff 0.
                 snprintf(pn, sizeof pn, "stream_m4_b%d_switch", B);
                 if (CUfunction f = fn(pn)) bench(pn, f, false, 1, stream_grid(f, s.rows, 1), 256);
-                snprintf(pn, sizeof pn, "gemv_m%d_b%d", 7, B);
+                snprintf(pn, sizeof pn, "gemv_m%d_b%d", 6, B);
             }
             const int chunks = s.cols / 8;
             for (int ks : {1, 2, 4, 8}) {

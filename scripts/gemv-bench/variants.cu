@@ -11,9 +11,9 @@
         gemv_stream<B, MODE, G>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);                   \
     }
 #define STREAM_G(B, MODE) STREAM(B, MODE, 2) STREAM(B, MODE, 4) STREAM(B, MODE, 8)
-// stream_m4_b<B>_switch: the engine's one-warp gate/up (mode 7: gemv_stream VK = 2) with SWITCH,
+// stream_m4_b<B>_switch: the engine's one-warp gate/up (mode 6: gemv_stream VK = 2) with SWITCH,
 // its two accumulators swapped once per row instead of chosen per chunk; ksplit 1, same bits.
-// Held to two blocks per SM as mode 7 runs (at B = 8 that spills 24 bytes; not yet timed).
+// Held to two blocks per SM as mode 6 runs (at B = 8 that spills 24 bytes; not yet timed).
 #define STREAM_SWITCH(B)                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) stream_m4_b##B##_switch(         \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \

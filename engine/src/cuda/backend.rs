@@ -43,10 +43,10 @@ struct Funcs {
     attention: CudaFunction,
     swiglu: CudaFunction,
     argmax_final: CudaFunction,
-    /// gemv[mode][batch - 1]; modes 6 and 7 are gate/up's 2 and 4 summing a row's two slices
-    /// in one warp (plan.rs gemv_launch).
+    /// gemv[mode][batch - 1]; mode 6 is gate/up's 4 summing a row's two slices in one warp
+    /// (plan.rs gemv_launch).
     gemv: Vec<Vec<CudaFunction>>,
-    /// Blocks of each streaming GEMV (modes 0-4) resident on the whole GPU at once, its
+    /// Blocks of each streaming GEMV (modes 0-4 and 6) resident on the whole GPU at once, its
     /// persistent grid: resident[mode][batch - 1].
     resident: Vec<Vec<usize>>,
 }
@@ -368,10 +368,10 @@ impl CudaBackend {
             let k = plan::lm_head_ksplit(rows, cols);
             (k, plan::gemv_blocks(rows, k), mode)
         } else {
-            let gate_up = mode == 2 || mode == 4;
-            let (k, one_warp) = plan::gemv_launch(rows, cols, gate_up, batch);
-            // Modes 6 and 7: 2 and 4 with one warp summing both slices of a row.
-            let kernel = if one_warp { mode / 2 + 5 } else { mode };
+            // Gate/up with its norm (mode 4; mode 2 is not launched), whose one-warp form is
+            // mode 6.
+            let (k, one_warp) = plan::gemv_launch(rows, cols, mode == 4, batch);
+            let kernel = if one_warp { 6 } else { mode };
             let resident = self.f.resident[kernel][batch - 1];
             (k, plan::gemv_grid(rows, k, resident), kernel)
         };
@@ -637,7 +637,7 @@ impl Funcs {
         let k = |n: &str| kernels::function(module, n);
         let mut gemv = Vec::new();
         let mut resident = Vec::new();
-        for mode in 0..8 {
+        for mode in 0..7 {
             let fs = (1..=plan::MAX_GEMV_BATCH)
                 .map(|b| k(&format!("gemv_m{mode}_b{b}")))
                 .collect::<Result<Vec<_>>>()?;

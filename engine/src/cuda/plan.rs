@@ -122,7 +122,7 @@ pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
 }
 
 /// How a streaming GEMV is launched at `batch`: its warps per row, and whether one warp sums
-/// the row's two slices itself (gemv.cu's VK = 2: kernel modes 6 and 7 for gate/up's 2 and 4),
+/// the row's two slices itself (gemv.cu's VK = 2: kernel mode 6, for gate/up),
 /// which gives the same bits as two warps. Tall gate/up matrices do that at batch 2-8, where
 /// two warps per row measured 20-25% slower than one warp over one slice (scripts/gemv-bench).
 pub fn gemv_launch(rows: usize, cols: usize, gate_up: bool, batch: usize) -> (usize, bool) {
