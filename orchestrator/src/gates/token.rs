@@ -434,26 +434,24 @@ mod tests {
         // p0's position 2 is a near-tie (margin 1e-4) whose runner-up was 9.
         let mut g = golden();
         g.outputs[0].runner_up = Some(vec![Some(5), Some(5), Some(9), Some(5)]);
-        let flip = tally(
-            &leg(vec![(0, vec![vec![1, 2, 9, 4], vec![5, 6, 7, 8]])]),
-            &ids(),
-            &g,
-            4,
-            1e-3,
-        );
-        let m = &flip.mismatches[0];
+        // The leg's p0 with `token` at position 2; its one mismatch.
+        let at_2 = |token: u32| {
+            let t = tally(
+                &leg(vec![(0, vec![vec![1, 2, token, 4], vec![5, 6, 7, 8]])]),
+                &ids(),
+                &g,
+                4,
+                1e-3,
+            );
+            assert_eq!(t.mismatches.len(), 1);
+            t.mismatches.into_iter().next().unwrap()
+        };
+        let m = at_2(9);
         assert!(m.near_tie, "{m}");
         assert!(m.to_string().contains("on the golden's runner-up"), "{m}");
         // The same position, a token that was neither of the golden's two best: a wrong token
         // (what a NaN's token 0 looked like on the H200), not reduction-order noise.
-        let wrong = tally(
-            &leg(vec![(0, vec![vec![1, 2, 0, 4], vec![5, 6, 7, 8]])]),
-            &ids(),
-            &g,
-            4,
-            1e-3,
-        );
-        let m = &wrong.mismatches[0];
+        let m = at_2(0);
         assert!(!m.near_tie, "{m}");
         assert!(
             m.to_string().contains(
