@@ -4,17 +4,15 @@
 // block (contiguous slices of K) and the slices are summed in a fixed order, so a row's result
 // depends on the matrix's shape alone, never on B or on how the grid is laid out.
 //
-// MODE 0: y = W x                        (store)
 // MODE 1: y += W x                       (o_proj, down_proj: add into the residual stream)
-// MODE 2: y[j] = silu(W[j] x) * (W[rows + j] x)   (gate and up stacked: SwiGLU)
-// MODE 3: as 0, of RMSNorm(x) with gain `gamma` (the norm computed by every block)
-// MODE 4: as 2, of RMSNorm(x)
+// MODE 3: y = W RMSNorm(x), with gain `gamma` (q/k/v; the norm computed by every block)
+// MODE 4: y[j] = silu(W[j] n) * (W[rows + j] n), n = RMSNorm(x)   (gate and up stacked: SwiGLU)
 // MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
 //         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head).
 //         The logits are rounded to bf16 first, as a bf16 model's lm_head output is (vLLM's
 //         and transformers'), so logits that tie there tie here and the lowest index wins.
 //
-// Modes 0-4 (gemv_stream) are persistent: the grid is what fits on the GPU at once (plan.rs
+// Modes 1, 3 and 4 (gemv_stream) are persistent: the grid is what fits on the GPU at once (plan.rs
 // gemv_grid) and each block walks row groups blockIdx.x, +gridDim.x, ...; a lane issues the
 // next step's loads, which may be the next row's, before it uses the current ones, so the
 // weight stream does not stop at row or block boundaries. Measured on the H200 against the
@@ -168,7 +166,7 @@ GEMV_ARGMAX_KERNEL(6)
 GEMV_ARGMAX_KERNEL(7)
 GEMV_ARGMAX_KERNEL(8)
 
-// Modes 0-4. G: 16-byte loads per lane per weight row per step (4 at batch 1; 2 at larger
+// Modes 1, 3, 4. G: 16-byte loads per lane per weight row per step (4 at batch 1; 2 at larger
 // batches, whose activation reads need the registers). VK = 2 (with ksplit 1): one warp sums a
 // row as two warps would with ksplit 2, the halves of K in two accumulators added at the end in
 // the same order, so the result is the same bits; gate/up at batch 2-8 (plan.rs gemv_launch),
@@ -184,7 +182,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
                                             int ksplit, const bf16* __restrict__ gamma, float eps) {
     constexpr int WARPS = GEMV_WARPS;
     constexpr bool NORM = MODE == 3 || MODE == 4;
-    constexpr int NW = (MODE == 2 || MODE == 4) ? 2 : 1;
+    constexpr int NW = MODE == 4 ? 2 : 1;
     __shared__ float red[2][WARPS][NW][B];
     __shared__ float ssr[WARPS][B];
     __shared__ float inv_s[B];
@@ -368,10 +366,9 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
         float2* __restrict__ parts) {                                                              \
         gemv_stream<B, MODE, G, VK>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
     }
-// Mode 6: gate/up (4) with VK = 2. (The engine launches modes 1, 3 and 4 otherwise.)
-#define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 0, G) GEMV_STREAM_KERNEL(B, 1, G) \
-    GEMV_STREAM_KERNEL(B, 2, G) GEMV_STREAM_KERNEL(B, 3, G) GEMV_STREAM_KERNEL(B, 4, G) \
-    GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2)
+// Mode 6: gate/up (4) with VK = 2.
+#define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 1, G) GEMV_STREAM_KERNEL(B, 3, G) \
+    GEMV_STREAM_KERNEL(B, 4, G) GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2)
 GEMV_STREAM_MODES(1, 4)
 GEMV_STREAM_MODES(2, 2)
 GEMV_STREAM_MODES(3, 2)

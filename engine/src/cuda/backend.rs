@@ -43,11 +43,11 @@ struct Funcs {
     attention: CudaFunction,
     swiglu: CudaFunction,
     argmax_final: CudaFunction,
-    /// gemv[mode][batch - 1]; mode 6 is gate/up's 4 summing a row's two slices in one warp
-    /// (plan.rs gemv_launch).
+    /// gemv[mode][batch - 1] for the modes in [`plan::GEMV_MODES`] (empty for the others); mode
+    /// 6 is gate/up's 4 summing a row's two slices in one warp (plan.rs gemv_launch).
     gemv: Vec<Vec<CudaFunction>>,
-    /// Blocks of each streaming GEMV (modes 0-4 and 6) resident on the whole GPU at once, its
-    /// persistent grid: resident[mode][batch - 1].
+    /// Blocks of each GEMV resident on the whole GPU at once, the streaming modes' persistent
+    /// grid: resident[mode][batch - 1].
     resident: Vec<Vec<usize>>,
 }
 
@@ -368,8 +368,7 @@ impl CudaBackend {
             let k = plan::lm_head_ksplit(rows, cols);
             (k, plan::gemv_blocks(rows, k), mode)
         } else {
-            // Gate/up with its norm (mode 4; mode 2 is not launched), whose one-warp form is
-            // mode 6.
+            // Gate/up (mode 4), whose one-warp form is mode 6.
             let (k, one_warp) = plan::gemv_launch(rows, cols, mode == 4, batch);
             let kernel = if one_warp { 6 } else { mode };
             let resident = self.f.resident[kernel][batch - 1];
@@ -379,11 +378,7 @@ impl CudaBackend {
             (grid, 1, 1), GEMV_THREADS, 0;
             w, x, y, rows as i32, cols as i32, cols as i32, rows as i32, ksplit as i32, gamma,
             self.cfg.rms_norm_eps, parts)?;
-        let weight_rows = if mode == 2 || mode == 4 {
-            2 * rows
-        } else {
-            rows
-        };
+        let weight_rows = if mode == 4 { 2 * rows } else { rows };
         self.mark(name, weight_rows * cols * BF16)
     }
 
@@ -637,7 +632,12 @@ impl Funcs {
         let k = |n: &str| kernels::function(module, n);
         let mut gemv = Vec::new();
         let mut resident = Vec::new();
-        for mode in 0..7 {
+        for mode in 0..=*plan::GEMV_MODES.iter().max().unwrap_or(&0) {
+            if !plan::GEMV_MODES.contains(&mode) {
+                gemv.push(Vec::new());
+                resident.push(Vec::new());
+                continue;
+            }
             let fs = (1..=plan::MAX_GEMV_BATCH)
                 .map(|b| k(&format!("gemv_m{mode}_b{b}")))
                 .collect::<Result<Vec<_>>>()?;

@@ -201,6 +201,27 @@ mod tests {
         }
         let cubin = compile("sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
+        // Every kernel the backend looks up by name (backend.rs Funcs::load) is in the image.
+        let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+        for mode in crate::cuda::plan::GEMV_MODES {
+            for b in 1..=crate::cuda::plan::MAX_GEMV_BATCH {
+                assert!(
+                    has(&format!("gemv_m{mode}_b{b}")),
+                    "gemv_m{mode}_b{b} missing"
+                );
+            }
+        }
+        let attention = (0..=3).map(|p| format!("attention_g{}", 1 << p));
+        let others = [
+            "embed_gather",
+            "rmsnorm",
+            "rope_kv",
+            "swiglu",
+            "argmax_final",
+        ];
+        for name in attention.chain(others.iter().map(|s| s.to_string())) {
+            assert!(has(&name), "{name} missing");
+        }
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub const ATT_SPLIT_MIN: usize = 16;
 /// (attention.cu): a split's positions are one or a few steps of its block, so the chain of
 /// dependent loads stays short at every context length.
 pub const MAX_SPLITS: usize = 32;
+/// The GEMV modes gemv.cu compiles and the engine launches, each as `gemv_m{mode}_b{1..=8}`:
+/// 1 (add into the residual stream), 3 (RMSNorm folded in), 4 (RMSNorm and SwiGLU), 5 (lm_head
+/// and argmax), 6 (4 with one warp summing a row's two slices).
+pub const GEMV_MODES: [usize; 5] = [1, 3, 4, 5, 6];
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -102,7 +106,7 @@ pub fn lm_head_ksplit(rows: usize, cols: usize) -> usize {
     k
 }
 
-/// How many slices of K a streaming GEMV's row is summed in (modes 0-4), from the matrix's shape
+/// How many slices of K a streaming GEMV's row is summed in (modes 1, 3, 4), from the matrix's shape
 /// alone so that a row's sum does not depend on the batch: two for matrices of fewer than
 /// [`GEMV_TARGET_WARPS`] rows (two warps per row: more loads in flight per row), and for gate/up
 /// (`gate_up`) whatever its height when its halves are whole 32-lane steps; one for other tall
