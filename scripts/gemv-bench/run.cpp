@@ -359,9 +359,9 @@ int main(int argc, char** argv) {
             for (int ks : {1, 2, 4, 8}) {
                 if (chunks % ks || chunks / ks < 32) continue;
                 if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), false, ks, stream_grid(fn(pn), s.rows, ks), 256);
-                for (int u : {1, 2, 4}) {
+                for (int u : {1, 2, 4}) for (const char* sfx : {"", "_s2"}) {
                     char name[64];
-                    snprintf(name, sizeof name, "mma_m%d_u%d", s.mode, u);
+                    snprintf(name, sizeof name, "mma_m%d_u%d%s", s.mode, u, sfx);
                     CUfunction f = fn(name);
                     if (!f || (s.cols / ks) % (32 * u) != 0 || s.rows % 16 != 0) continue;
                     int occ = 0;
