@@ -7,6 +7,7 @@ construction.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -53,6 +54,18 @@ def capture(args) -> int:
     except UnitError as e:
         log(f"FAIL {e}")
         return 2
+    override = {k: v for k, v in (("backend", getattr(args, "backend", None)),
+                                  ("device", getattr(args, "device", None)),
+                                  ("dtype", getattr(args, "dtype", None))) if v}
+    if override:
+        # A reference, not the unit's golden: it must go where the gates will not take it for one.
+        if not args.golden:
+            log("FAIL --backend/--device/--dtype capture a reference, not the unit's golden; "
+                "fix: name its file with --golden (e.g. goldens/<unit>/reference-cuda-f32.json)")
+            return 2
+        if override.get("backend", unit.backend) != unit.backend:
+            unit = dataclasses.replace(unit, options={})
+        unit = dataclasses.replace(unit, **override)
     log(f"unit {unit.name}: {unit.backend} on {unit.device} {unit.dtype}, options {unit.options}, "
         f"{len(unit.prompts)} prompts x {unit.max_tokens} tokens, ignore_eos={unit.ignore_eos}")
     try:
@@ -105,7 +118,9 @@ def capture(args) -> int:
                         else "top-1 minus top-2 log-probability (vLLM logprobs=2, raw)"),
             "min_margin": min_margin,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": f"python -m oracle capture --unit {args.unit}",
+            "command": " ".join(["python -m oracle capture --unit", str(args.unit)]
+                                + [f"--{k} {v}" for k, v in override.items()]
+                                + ([f"--golden {args.golden}"] if override else [])),
         },
         "outputs": outputs,
     }

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     pg.add_argument("--check", action="store_true",
                     help="do not write: compare with the existing golden and exit 1 on any difference in tokens")
     pg.add_argument("--batch", type=int, default=1, help="batch of the capture request (default 1)")
+    pg.add_argument("--backend", choices=BACKENDS,
+                    help="a reference under another backend than the unit's [oracle] (its options are then "
+                         "not passed); needs --golden, and the unit's gates do not read the file")
+    pg.add_argument("--device", help="as --backend: another device (cpu, cuda, cuda:N)")
+    pg.add_argument("--dtype", choices=DTYPES, help="as --backend: another dtype")
 
     args = ap.parse_args(argv)
     # Nothing here loads from a hub; make sure a missing local file fails fast instead of

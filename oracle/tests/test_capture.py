@@ -68,3 +68,19 @@ def test_vllm_top2_gap_names_the_runner_up_not_the_token_taken():
     # A tie: greedy took 9, so the runner-up is 4 whichever vLLM listed first.
     assert top2_gap(9, {4: -0.7, 9: -0.7}) == (0.0, 4)
     assert top2_gap(5, {5: -0.2}) == (None, None)
+
+
+def test_reference_capture_under_another_dtype_names_its_file(tmp_path, capsys):
+    unit = "tiny-llama"
+    args = dict(unit=str(GOLDENS / unit / "unit.toml"), check=False, batch=1, backend=None, device="cpu",
+                dtype="bfloat16")
+    # Without --golden it would land on the unit's golden: refused, nothing written.
+    assert capture(SimpleNamespace(golden=None, **args)) == 2
+    assert "--golden" in capsys.readouterr().err
+    out = tmp_path / "reference-cpu-bf16.json"
+    assert capture(SimpleNamespace(golden=str(out), **args)) == 0
+    ref = json.loads(out.read_text())
+    assert ref["capture"]["dtype"] == "bfloat16"
+    assert ref["capture"]["resolved"]["dtype"] == "bfloat16"
+    assert "--dtype bfloat16" in ref["capture"]["command"] and str(out) in ref["capture"]["command"]
+    assert [len(o["tokens"]) for o in ref["outputs"]] == [32] * len(unit_prompts(unit))
