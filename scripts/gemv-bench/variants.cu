@@ -227,3 +227,205 @@ MMA(1, 1) MMA(1, 2) MMA(1, 4) MMA(3, 1) MMA(3, 2) MMA(3, 4) MMA(4, 1) MMA(4, 2)
         gemv_mma<MODE, 8, U, 2>(W, x, y, rows, cols, B, ksplit, gamma, eps);                        \
     }
 MMA_S2(1, 2) MMA_S2(1, 4) MMA_S2(3, 2) MMA_S2(3, 4) MMA_S2(4, 1) MMA_S2(4, 2)
+
+// mmas_m<MODE>_b<B>_u<U>: the tensor-core GEMV (gemv_mma's tile: 16 rows per warp, lane (g, t)
+// holding 16 bytes of rows g and g + 8 at k = K0 + 8t, the activations of batch row g at the
+// same k as two bf16 terms) streamed like gemv_stream: persistent, each block walking groups of
+// 8 / ksplit tiles, a lane issuing its next step's loads (the next tile's at a tile's end)
+// before it uses the current ones. Batch row b's result depends on its own activations only
+// (an mma's column n reads column n of B alone) and the code a live lane runs does not depend
+// on B, so the bits are the same at every batch size. U: 16-byte loads per lane per weight row
+// per step, each for 32 k. Needs rows % 16 == 0 and cols % (32 U ksplit) == 0.
+// C = 2: every (u, hi/lo) its own accumulator, added in a fixed order at a tile's end: 2U
+// independent chains of mma per step instead of one chain of 4U.
+template <int B, int MODE, int U, int C = 1>
+__device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int cols, int ldx, int ldy,
+                                                int ksplit, const bf16* __restrict__ gamma, float eps) {
+    constexpr int WARPS = GEMV_WARPS;
+    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr int NW = MODE == 4 ? 2 : 1;
+    __shared__ float red[2][WARPS][NW][4][32];
+    __shared__ float ssr[WARPS][B];
+    __shared__ float inv_s[B];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int tpb = WARPS / ksplit, kpart = warp % ksplit;
+    const int per = cols / ksplit, k0 = kpart * per;
+    const int nsteps = per / (32 * U);
+    const int ntiles = rows >> 4, ngroups = (ntiles + tpb - 1) / tpb;
+    const int stride = gridDim.x;
+    const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
+    const int T = my_groups * nsteps;
+
+    uint4 cur[NW][U][2], nxt[NW][U][2];
+    auto issue = [&](int t, uint4 (&buf)[NW][U][2]) {
+        const int tile = (blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit;
+        if (tile >= ntiles) return;
+        const int kb = k0 + (t % nsteps) * 32 * U + 8 * tq;
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            const bf16* base = W + (size_t)(tile * 16 + g + r * rows) * cols + kb;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                buf[r][u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
+                buf[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+            }
+        }
+    };
+    if (T > 0) issue(0, cur);
+    pdl_launch_dependents();
+    pdl_wait();
+
+    if (NORM) {
+        float ss[B];
+#pragma unroll
+        for (int b = 0; b < B; b++) ss[b] = 0.0f;
+        for (int k = threadIdx.x; k < cols; k += blockDim.x) {
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const float v = x[(size_t)b * ldx + k];
+                ss[b] = fmaf(v, v, ss[b]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < B; b++) ss[b] = warp_sum(ss[b]);
+        if (lane == 0) {
+#pragma unroll
+            for (int b = 0; b < B; b++) ssr[warp][b] = ss[b];
+        }
+        __syncthreads();
+        if (threadIdx.x < B) {
+            float t = 0.0f;
+            for (int w = 0; w < WARPS; w++) t += ssr[w][threadIdx.x];
+            inv_s[threadIdx.x] = rsqrtf(t / (float)cols + eps);
+        }
+        __syncthreads();
+    }
+    const bool live = g < B;
+    const float* xg = x + (size_t)(live ? g : 0) * ldx;
+    const float inv = NORM && live ? inv_s[g] : 1.0f;
+
+    constexpr int NA = C == 2 ? 2 * U : 1;
+    float acc[NW][NA][4];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int a = 0; a < NA; a++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[r][a][i] = 0.0f;
+
+    for (int t = 0; t < T; t++) {
+        if (t + 1 < T) issue(t + 1, nxt);
+        const int gi = t / nsteps, s = t % nsteps;
+        const int tile = (blockIdx.x + gi * stride) * tpb + warp / ksplit;
+        if (tile < ntiles) {
+            const int kb = k0 + s * 32 * U + 8 * tq;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                unsigned hi[4] = {0u, 0u, 0u, 0u}, lo[4] = {0u, 0u, 0u, 0u};
+                if (live) {
+                    float4 xa, xb;
+                    x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xa, xb);
+                    // __fmul_rn: the product is never fused into the split's subtraction.
+                    split_bf16(__fmul_rn(xa.x, inv), __fmul_rn(xa.y, inv), hi[0], lo[0]);
+                    split_bf16(__fmul_rn(xa.z, inv), __fmul_rn(xa.w, inv), hi[1], lo[1]);
+                    split_bf16(__fmul_rn(xb.x, inv), __fmul_rn(xb.y, inv), hi[2], lo[2]);
+                    split_bf16(__fmul_rn(xb.z, inv), __fmul_rn(xb.w, inv), hi[3], lo[3]);
+                }
+#pragma unroll
+                for (int r = 0; r < NW; r++) {
+                    const uint4 a = cur[r][u][0], c = cur[r][u][1];
+                    float(&dh)[4] = acc[r][C == 2 ? 2 * u : 0];
+                    float(&dl)[4] = acc[r][C == 2 ? 2 * u + 1 : 0];
+                    mma_bf16(dh, a.x, c.x, a.y, c.y, hi[0], hi[1]);
+                    mma_bf16(dh, a.z, c.z, a.w, c.w, hi[2], hi[3]);
+                    mma_bf16(dl, a.x, c.x, a.y, c.y, lo[0], lo[1]);
+                    mma_bf16(dl, a.z, c.z, a.w, c.w, lo[2], lo[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NW; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                cur[r][u][0] = nxt[r][u][0];
+                cur[r][u][1] = nxt[r][u][1];
+            }
+        if (s == nsteps - 1) {
+            // d[r]: 0, 1 = (row g, batch 2t, 2t + 1); 2, 3 = (row g + 8, batch 2t, 2t + 1).
+            float d[NW][4];
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float tt = acc[r][0][i];
+#pragma unroll
+                    for (int a = 1; a < NA; a++) tt += acc[r][a][i];
+                    d[r][i] = tt;
+                }
+            if (ksplit > 1) {
+                const int par = gi & 1;
+#pragma unroll
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) red[par][warp][r][i][lane] = d[r][i];
+                __syncthreads();
+                if (kpart == 0) {
+#pragma unroll
+                    for (int r = 0; r < NW; r++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            float tt = 0.0f;
+                            for (int k = 0; k < ksplit; k++) tt += red[par][warp + k][r][i][lane];
+                            d[r][i] = tt;
+                        }
+                }
+            }
+            if (tile < ntiles && kpart == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int row = tile * 16 + g + (i >= 2 ? 8 : 0), b = 2 * tq + (i & 1);
+                    if (b < B) {
+                        float* out = y + (size_t)b * ldy + row;
+                        if (NW == 2) {
+                            const float gg = d[0][i], uu = d[NW - 1][i];
+                            *out = gg / (1.0f + expf(-gg)) * uu;
+                        } else if (MODE == 1) {
+                            *out += d[0][i];
+                        } else {
+                            *out = d[0][i];
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int a = 0; a < NA; a++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[r][a][i] = 0.0f;
+        }
+    }
+}
+
+#define MMAS(B, MODE, U)                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) mmas_m##MODE##_b##B##_u##U(        \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,            \
+        float2* __restrict__ parts) {                                                                 \
+        gemv_mma_stream<B, MODE, U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);               \
+    }
+#define MMAS_B(B) MMAS(B, 1, 1) MMAS(B, 1, 2) MMAS(B, 1, 4) MMAS(B, 3, 1) MMAS(B, 3, 2) MMAS(B, 3, 4) \
+    MMAS(B, 4, 1) MMAS(B, 4, 2)
+MMAS_B(1)
+MMAS_B(8)
+#define MMASC(B, MODE, U)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) mmasc_m##MODE##_b##B##_u##U(       \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,            \
+        float2* __restrict__ parts) {                                                                 \
+        gemv_mma_stream<B, MODE, U, 2>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
+    }
+#define MMASC_B(B) MMASC(B, 1, 2) MMASC(B, 1, 4) MMASC(B, 3, 2) MMASC(B, 3, 4) MMASC(B, 4, 1) MMASC(B, 4, 2)
+MMASC_B(1)
+MMASC_B(8)
