@@ -82,7 +82,7 @@ static int engine_ksplit(int rows, int cols, bool gate_up = false) {
 // One decode step's layers (no lm_head) as the engine runs them, in one graph with PDL:
 // qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
 struct Model { const char* name; int H, heads, kvh, D, I, L; };
-struct Pick { std::string kernel; int ksplit; bool mma = false; };
+struct Pick { std::string kernel; int ksplit; bool mma = false; int tile_rows = 16; };
 // The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
 // rows while they all fit on the GPU at once, else as few blocks as walk the groups in the same
 // number of rounds as what fits.
@@ -94,8 +94,8 @@ static unsigned stream_grid(CUfunction f, int rows, int ks) {
     return (groups + rounds - 1) / rounds;
 }
 // The persistent grid of the streaming tensor-core candidate: groups of 8 / ks tiles of 16 rows.
-static unsigned mma_grid(CUfunction f, int rows, int ks) {
-    const int tpb = 8 / ks, groups = (rows / 16 + tpb - 1) / tpb;
+static unsigned mma_grid(CUfunction f, int rows, int ks, int tile_rows = 16) {
+    const int tpb = 8 / ks, groups = (rows / tile_rows + tpb - 1) / tpb;
     int occ = 0;
     CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
     const int rounds = (groups + occ * sms - 1) / (occ * sms);
@@ -159,8 +159,21 @@ static void seq_bench() {
             }
         // Per matrix, the faster of the engine's kernel and the candidate (from the per-shape
         // figures at batch 1): the tall ones by the candidate.
-        sets.push_back({"mixed", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                                  {"mmasc_m4_b1_u2", 8, true}, {"mmasc_m1_b1_u4", 8, true}}});
+        for (auto [ks, u] : {std::pair{8, 4}, {4, 4}, {8, 2}})
+            sets.push_back({"mmasp_k" + std::to_string(ks) + "_u" + std::to_string(u),
+                            {{"mmas_m3_b1_u4", 8, true}, {"mmas_m1_b1_u4", 8, true},
+                             {"mmasp_m4_b1_u" + std::to_string(u), ks, true, 8}, {"mmas_m1_b1_u4", 8, true}}});
+        // The engine's kernels, with the residual matrices (o, down) of 4,096+ rows on the tensor
+        // cores (the 8B's; the 1B's stay): what the engine would run with that rule.
+        {
+            const bool big = m.H >= 4096;
+            const Pick o = big ? Pick{"mmas_m1_b1_u4", 8, true} : Pick{"gemv_m1_b1", engine_ksplit(m.H, q)};
+            const Pick dn = big ? Pick{"mmas_m1_b1_u4", 8, true} : Pick{"gemv_m1_b1", engine_ksplit(m.H, m.I)};
+            sets.push_back({"hybrid", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, o,
+                                       {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, dn}});
+        }
+        sets.push_back({"mmas_u8", {{"mmas_m3_b1_u8", 8, true}, {"mmas_m1_b1_u8", 8, true},
+                                    {"mmasp_m4_b1_u4", 8, true, 8}, {"mmas_m1_b1_u8", 8, true}}});
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 64, 256, 1000}) {
             if (getenv("SEQ_CTX") && atoi(getenv("SEQ_CTX")) != ctx) continue;
@@ -181,7 +194,7 @@ static void seq_bench() {
                         if (!f) { fprintf(stderr, "missing %s\n", pk.kernel.c_str()); exit(1); }
                         int r = rows, c = cols, k = pk.ksplit; CUdeviceptr parts = 0;
                         void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
-                        launch(f, pk.mma ? mma_grid(f, rows, k) : stream_grid(f, rows, k), 256, a, true);
+                        launch(f, pk.mma ? mma_grid(f, rows, k, pk.tile_rows) : stream_grid(f, rows, k), 256, a, true);
                     };
                     auto plain = [&](const char* name, unsigned grid, unsigned block, void** a) {
                         launch(fn(name), grid, block, a, true);
@@ -391,20 +404,21 @@ int main(int argc, char** argv) {
                 }
                 // The streaming tensor-core candidate; at B = 8 also whether batch row 0's result
                 // is the same bits as the B = 1 kernel's.
-                for (int u : {1, 2, 4}) for (const char* kind : {"mmas", "mmasc"}) {
+                for (int u : {1, 2, 4, 8}) for (const char* kind : {"mmas", "mmasc", "mmasl", "mmasp"}) {
                     char name[64];
                     snprintf(name, sizeof name, "%s_m%d_b%d_u%d", kind, s.mode, B, u);
                     CUfunction f = fn(name);
                     if (!f || s.rows % 16 != 0 || s.cols % (32 * u * ks) != 0) continue;
-                    const unsigned grid = mma_grid(f, s.rows, ks);
+                    const int tile_rows = strcmp(kind, "mmasp") == 0 ? 8 : 16;
+                    const unsigned grid = mma_grid(f, s.rows, ks, tile_rows);
                     bench(name, f, false, ks, grid, 256);
-                    if (B == 8 && (!*filter || std::string(name).find(filter) != std::string::npos)) {
+                    if (B == 8 && strcmp(kind, "mmasl") != 0 && (!*filter || std::string(name).find(filter) != std::string::npos)) {
                         snprintf(name, sizeof name, "%s_m%d_b1_u%d", kind, s.mode, u);
                         CUfunction f1 = fn(name);
                         run_once(f, false, ks, grid, 256, y);
                         std::vector<float> a8(s.rows), a1(s.rows);
                         CK(cuMemcpyDtoH(a8.data(), y, s.rows * 4));
-                        run_once(f1, false, ks, mma_grid(f1, s.rows, ks), 256, y);
+                        run_once(f1, false, ks, mma_grid(f1, s.rows, ks, tile_rows), 256, y);
                         CK(cuMemcpyDtoH(a1.data(), y, s.rows * 4));
                         printf("%s\tinvariant\t%s_u%d\tks%d\t%s\n", s.name, kind, u, ks,
                                memcmp(a8.data(), a1.data(), s.rows * 4) == 0 ? "b8 row 0 == b1" : "DIFFERS");

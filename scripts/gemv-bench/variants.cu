@@ -84,8 +84,11 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// lo into the low half, hi into the high, each rounded to nearest even: one instruction.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 // hi = bf16(a), bf16(b) packed; lo = the same of what rounding left.
@@ -238,13 +241,18 @@ MMA_S2(1, 2) MMA_S2(1, 4) MMA_S2(3, 2) MMA_S2(3, 4) MMA_S2(4, 1) MMA_S2(4, 2)
 // per step, each for 32 k. Needs rows % 16 == 0 and cols % (32 U ksplit) == 0.
 // C = 2: every (u, hi/lo) its own accumulator, added in a fixed order at a tile's end: 2U
 // independent chains of mma per step instead of one chain of 4U.
-template <int B, int MODE, int U, int C = 1>
+// LOADS_ONLY: the same loads with next to no arithmetic (what the access pattern alone costs).
+// PAIR (gate/up, MODE 4): a tile is 8 outputs, its mma rows 0-7 their gate rows and 8-15 their
+// up rows, so lane (g, t) gets gate and up of output g in its own accumulators (two row streams
+// per lane instead of four).
+template <int B, int MODE, int U, int C = 1, bool LOADS_ONLY = false, bool PAIR = false>
 __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                                 int ksplit, const bf16* __restrict__ gamma, float eps) {
     constexpr int WARPS = GEMV_WARPS;
     constexpr bool NORM = MODE == 3 || MODE == 4;
-    constexpr int NW = MODE == 4 ? 2 : 1;
+    constexpr int NW = MODE == 4 && !PAIR ? 2 : 1;
+    constexpr int TR = PAIR ? 8 : 16;  // output rows per tile
     __shared__ float red[2][WARPS][NW][4][32];
     __shared__ float ssr[WARPS][B];
     __shared__ float inv_s[B];
@@ -252,7 +260,7 @@ __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, cons
     const int tpb = WARPS / ksplit, kpart = warp % ksplit;
     const int per = cols / ksplit, k0 = kpart * per;
     const int nsteps = per / (32 * U);
-    const int ntiles = rows >> 4, ngroups = (ntiles + tpb - 1) / tpb;
+    const int ntiles = rows / TR, ngroups = (ntiles + tpb - 1) / tpb;
     const int stride = gridDim.x;
     const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
     const int T = my_groups * nsteps;
@@ -264,11 +272,12 @@ __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, cons
         const int kb = k0 + (t % nsteps) * 32 * U + 8 * tq;
 #pragma unroll
         for (int r = 0; r < NW; r++) {
-            const bf16* base = W + (size_t)(tile * 16 + g + r * rows) * cols + kb;
+            const bf16* base = W + (size_t)(tile * TR + g + r * rows) * cols + kb;
+            const size_t second = PAIR ? (size_t)rows * cols : (size_t)8 * cols;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 buf[r][u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
-                buf[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+                buf[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + second + 32 * u));
             }
         }
     };
@@ -303,7 +312,8 @@ __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, cons
     }
     const bool live = g < B;
     const float* xg = x + (size_t)(live ? g : 0) * ldx;
-    const float inv = NORM && live ? inv_s[g] : 1.0f;
+    // Lanes past the batch scale by 0: their activations are zeros.
+    const float inv = !live ? 0.0f : NORM ? inv_s[g] : 1.0f;
 
     constexpr int NA = C == 2 ? 2 * U : 1;
     float acc[NW][NA][4];
@@ -320,18 +330,31 @@ __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, cons
         const int tile = (blockIdx.x + gi * stride) * tpb + warp / ksplit;
         if (tile < ntiles) {
             const int kb = k0 + s * 32 * U + 8 * tq;
+            // Every chunk's activations first (lanes past the batch load row 0's and use zeros:
+            // no branch), then the mma.
+            float4 xv[U][2];
+            if (!LOADS_ONLY) {
+#pragma unroll
+                for (int u = 0; u < U; u++) x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
+            }
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                unsigned hi[4] = {0u, 0u, 0u, 0u}, lo[4] = {0u, 0u, 0u, 0u};
-                if (live) {
-                    float4 xa, xb;
-                    x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xa, xb);
-                    // __fmul_rn: the product is never fused into the split's subtraction.
-                    split_bf16(__fmul_rn(xa.x, inv), __fmul_rn(xa.y, inv), hi[0], lo[0]);
-                    split_bf16(__fmul_rn(xa.z, inv), __fmul_rn(xa.w, inv), hi[1], lo[1]);
-                    split_bf16(__fmul_rn(xb.x, inv), __fmul_rn(xb.y, inv), hi[2], lo[2]);
-                    split_bf16(__fmul_rn(xb.z, inv), __fmul_rn(xb.w, inv), hi[3], lo[3]);
+                if (LOADS_ONLY) {
+#pragma unroll
+                    for (int r = 0; r < NW; r++)
+                    {
+                        const uint4 a = cur[r][u][0], c = cur[r][u][1];
+                        acc[r][0][0] += __uint_as_float((a.x ^ a.y ^ a.z ^ a.w ^ c.x ^ c.y ^ c.z ^ c.w) & 0x3f800000u);
+                    }
+                    continue;
                 }
+                unsigned hi[4], lo[4];
+                const float4 xa = xv[u][0], xb = xv[u][1];
+                // __fmul_rn: the product is never fused into the split's subtraction.
+                split_bf16(__fmul_rn(xa.x, inv), __fmul_rn(xa.y, inv), hi[0], lo[0]);
+                split_bf16(__fmul_rn(xa.z, inv), __fmul_rn(xa.w, inv), hi[1], lo[1]);
+                split_bf16(__fmul_rn(xb.x, inv), __fmul_rn(xb.y, inv), hi[2], lo[2]);
+                split_bf16(__fmul_rn(xb.z, inv), __fmul_rn(xb.w, inv), hi[3], lo[3]);
 #pragma unroll
                 for (int r = 0; r < NW; r++) {
                     const uint4 a = cur[r][u][0], c = cur[r][u][1];
@@ -381,7 +404,17 @@ __device__ __forceinline__ void gemv_mma_stream(const bf16* __restrict__ W, cons
                         }
                 }
             }
-            if (tile < ntiles && kpart == 0) {
+            if (PAIR && tile < ntiles && kpart == 0) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int b = 2 * tq + i;
+                    if (b < B) {
+                        const float gg = d[0][i], uu = d[0][2 + i];
+                        y[(size_t)b * ldy + tile * 8 + g] = gg / (1.0f + expf(-gg)) * uu;
+                    }
+                }
+            }
+            if (!PAIR && tile < ntiles && kpart == 0) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int row = tile * 16 + g + (i >= 2 ? 8 : 0), b = 2 * tq + (i & 1);
@@ -429,3 +462,19 @@ MMAS_B(8)
 #define MMASC_B(B) MMASC(B, 1, 2) MMASC(B, 1, 4) MMASC(B, 3, 2) MMASC(B, 3, 4) MMASC(B, 4, 1) MMASC(B, 4, 2)
 MMASC_B(1)
 MMASC_B(8)
+#define MMASL(B, MODE, U)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) mmasl_m##MODE##_b##B##_u##U(       \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,            \
+        float2* __restrict__ parts) {                                                                 \
+        gemv_mma_stream<B, MODE, U, 1, true>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);      \
+    }
+#define MMASP(B, U)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) mmasp_m4_b##B##_u##U(              \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,            \
+        float2* __restrict__ parts) {                                                                 \
+        gemv_mma_stream<B, 4, U, 1, false, true>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);  \
+    }
+MMASP(1, 2) MMASP(1, 4) MMASP(8, 2) MMASP(8, 4)
+MMASL(1, 1, 2) MMASL(1, 1, 4) MMASL(1, 1, 8) MMASL(1, 4, 2) MMAS(1, 1, 8) MMAS(1, 3, 8) MMAS(8, 1, 8) MMAS(8, 3, 8)
