@@ -7,6 +7,7 @@
 // MODE 1: y += W x                       (o_proj, down_proj: add into the residual stream)
 // MODE 3: y = W RMSNorm(x), with gain `gamma` (q/k/v; the norm computed by every block)
 // MODE 4: y[j] = silu(W[j] n) * (W[rows + j] n), n = RMSNorm(x)   (gate and up stacked: SwiGLU)
+// MODE 7: as 1, on the tensor cores (gemv_mma): the residual GEMVs of 4,096 rows or more.
 // MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
 //         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head).
 //         The logits are rounded to bf16 first, as a bf16 model's lm_head output is (vLLM's
@@ -377,3 +378,155 @@ GEMV_STREAM_MODES(5, 2)
 GEMV_STREAM_MODES(6, 2)
 GEMV_STREAM_MODES(7, 2)
 GEMV_STREAM_MODES(8, 2)
+
+// MODE 7: y += W x on the tensor cores, for 1-8 activation rows: mma.sync m16n8k16 with the
+// weights as A (a warp's tile: 16 output rows over its slice of K) and the activations as B
+// (16 k x 8 batch rows), each activation as two bf16 terms hi = bf16(v), lo = bf16(v - hi)
+// through two mma into the same f32 accumulators (about 16 bits of it, where the CUDA-core
+// modes keep 24). Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 at
+// k = K0 + 8t (+ 32u for each of U chunks) and the 8 activations of batch row g at the same k:
+// the k order inside an mma is free as long as A and B agree, so no shuffle is needed (mma j
+// gives slots {2t, 2t+1} the k K0 + 8t + 4j + {0, 1} and {2t+8, 2t+9} K0 + 8t + 4j + {2, 3}).
+// Batch row b's result reads column b of B alone, and a lane runs the same code at every B
+// (lanes past the batch use zeros), so its bits do not depend on the batch. Persistent like
+// gemv_stream: each block walks groups of 8 / ksplit tiles, a lane issuing its next step's
+// loads before it uses the current ones; the ksplit warps of a tile add their sums in a fixed
+// order. Measured on the H200 (scripts/gemv-bench): at batch 1 within 3% of gemv_stream for the
+// 8B's o and down (the whole step 0.4-1.2% faster with them here), at batch 8 3.3x (o) and 3.7x
+// (down) faster; the 1B's smaller matrices and the 8B's q/k/v and gate/up are slower at batch 1,
+// so they stay on the CUDA cores (plan.rs gemv_launch). Needs rows % 16 == 0 and
+// cols % (32 U ksplit) == 0.
+#define GEMV_MMA_U 4
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// lo into the low half, hi into the high, each rounded to nearest even: one instruction.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// hi = bf16(a), bf16(b) packed; lo = the same of what rounding left (a - hi is exact in f32).
+__device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsigned& lo) {
+    hi = pack_bf16(a, b);
+    lo = pack_bf16(a - bf_lo(hi), b - bf_hi(hi));
+}
+
+template <int B, int U>
+__device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols, int ldx, int ldy,
+                                         int ksplit) {
+    constexpr int WARPS = GEMV_WARPS;
+    __shared__ float red[2][WARPS][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int tpb = WARPS / ksplit, kpart = warp % ksplit;
+    const int per = cols / ksplit, k0 = kpart * per;
+    const int nsteps = per / (32 * U);
+    const int ntiles = rows >> 4, ngroups = (ntiles + tpb - 1) / tpb;
+    const int stride = gridDim.x;
+    const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
+    const int T = my_groups * nsteps;
+
+    uint4 cur[U][2], nxt[U][2];
+    // Step t: row group t / nsteps of this block, slice step t % nsteps.
+    auto issue = [&](int t, uint4 (&buf)[U][2]) {
+        const int tile = (blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit;
+        if (tile >= ntiles) return;
+        const bf16* base = W + (size_t)(tile * 16 + g) * cols + k0 + (t % nsteps) * 32 * U + 8 * tq;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            buf[u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
+            buf[u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+        }
+    };
+    if (T > 0) issue(0, cur);
+    pdl_launch_dependents();
+    pdl_wait();
+
+    // Lanes past the batch read row 0 and scale it by 0 (no branch); their columns are not stored.
+    const bool live = g < B;
+    const float* xg = x + (size_t)(live ? g : 0) * ldx;
+    const float keep = live ? 1.0f : 0.0f;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t = 0; t < T; t++) {
+        if (t + 1 < T) issue(t + 1, nxt);
+        const int gi = t / nsteps, s = t % nsteps;
+        const int tile = (blockIdx.x + gi * stride) * tpb + warp / ksplit;
+        if (tile < ntiles) {
+            const int kb = k0 + s * 32 * U + 8 * tq;
+            float4 xv[U][2];
+#pragma unroll
+            for (int u = 0; u < U; u++) x_chunk<false>(xg, nullptr, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                unsigned hi[4], lo[4];
+                const float4 xa = xv[u][0], xb = xv[u][1];
+                // __fmul_rn: the product is never fused into the split's subtraction.
+                split_bf16(__fmul_rn(xa.x, keep), __fmul_rn(xa.y, keep), hi[0], lo[0]);
+                split_bf16(__fmul_rn(xa.z, keep), __fmul_rn(xa.w, keep), hi[1], lo[1]);
+                split_bf16(__fmul_rn(xb.x, keep), __fmul_rn(xb.y, keep), hi[2], lo[2]);
+                split_bf16(__fmul_rn(xb.z, keep), __fmul_rn(xb.w, keep), hi[3], lo[3]);
+                const uint4 a = cur[u][0], c = cur[u][1];
+                mma_bf16(d, a.x, c.x, a.y, c.y, hi[0], hi[1]);
+                mma_bf16(d, a.z, c.z, a.w, c.w, hi[2], hi[3]);
+                mma_bf16(d, a.x, c.x, a.y, c.y, lo[0], lo[1]);
+                mma_bf16(d, a.z, c.z, a.w, c.w, lo[2], lo[3]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            cur[u][0] = nxt[u][0];
+            cur[u][1] = nxt[u][1];
+        }
+        if (s == nsteps - 1) {
+            // d: 0, 1 = (row g, batch 2t, 2t + 1); 2, 3 = (row g + 8, batch 2t, 2t + 1).
+            if (ksplit > 1) {
+                const int par = gi & 1;
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[par][warp][i][lane] = d[i];
+                __syncthreads();
+                if (kpart == 0) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float tt = 0.0f;
+                        for (int k = 0; k < ksplit; k++) tt += red[par][warp + k][i][lane];
+                        d[i] = tt;
+                    }
+                }
+            }
+            if (tile < ntiles && kpart == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int b = 2 * tq + (i & 1);
+                    if (b < B) y[(size_t)b * ldy + tile * 16 + g + (i >= 2 ? 8 : 0)] += d[i];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[i] = 0.0f;
+        }
+    }
+}
+
+#define GEMV_MMA_KERNEL(B)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m7_b##B(                    \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
+        float2* __restrict__ parts) {                                                              \
+        gemv_mma<B, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit);                            \
+    }
+GEMV_MMA_KERNEL(1)
+GEMV_MMA_KERNEL(2)
+GEMV_MMA_KERNEL(3)
+GEMV_MMA_KERNEL(4)
+GEMV_MMA_KERNEL(5)
+GEMV_MMA_KERNEL(6)
+GEMV_MMA_KERNEL(7)
+GEMV_MMA_KERNEL(8)

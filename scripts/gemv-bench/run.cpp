@@ -101,6 +101,12 @@ static unsigned mma_grid(CUfunction f, int rows, int ks, int tile_rows = 16) {
     const int rounds = (groups + occ * sms - 1) / (occ * sms);
     return (groups + rounds - 1) / rounds;
 }
+// plan.rs gemv_on_tensor_cores: a residual GEMV of 4,096+ rows in whole tiles and steps runs
+// mode 7 (8 warps per tile).
+static bool engine_mma(int rows, int cols) { return rows >= 4096 && rows % 16 == 0 && cols % 1024 == 0; }
+static Pick engine_residual(int rows, int cols) {
+    return engine_mma(rows, cols) ? Pick{"gemv_m7_b1", 8, true} : Pick{"gemv_m1_b1", engine_ksplit(rows, cols)};
+}
 static void seq_bench() {
     const Model models[] = {{"1b", 2048, 32, 8, 64, 8192, 16}, {"8b", 4096, 32, 8, 128, 14336, 32}};
     for (const Model& m : models) {
@@ -144,8 +150,10 @@ static void seq_bench() {
         CK(cuFuncSetAttribute(fatt, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024));
         // Kernel choice per matrix: qkv, o, gate_up, down.
         std::vector<std::pair<std::string, std::vector<Pick>>> sets = {
-            {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                        {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
+            {"engine", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, engine_residual(m.H, q),
+                        {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, engine_residual(m.H, m.I)}},
+            {"cuda_cores", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                            {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
             {"gu_k1", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
                        {"gemv_m4_b1", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
@@ -163,15 +171,6 @@ static void seq_bench() {
             sets.push_back({"mmasp_k" + std::to_string(ks) + "_u" + std::to_string(u),
                             {{"mmas_m3_b1_u4", 8, true}, {"mmas_m1_b1_u4", 8, true},
                              {"mmasp_m4_b1_u" + std::to_string(u), ks, true, 8}, {"mmas_m1_b1_u4", 8, true}}});
-        // The engine's kernels, with the residual matrices (o, down) of 4,096+ rows on the tensor
-        // cores (the 8B's; the 1B's stay): what the engine would run with that rule.
-        {
-            const bool big = m.H >= 4096;
-            const Pick o = big ? Pick{"mmas_m1_b1_u4", 8, true} : Pick{"gemv_m1_b1", engine_ksplit(m.H, q)};
-            const Pick dn = big ? Pick{"mmas_m1_b1_u4", 8, true} : Pick{"gemv_m1_b1", engine_ksplit(m.H, m.I)};
-            sets.push_back({"hybrid", {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, o,
-                                       {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, dn}});
-        }
         sets.push_back({"mmas_u8", {{"mmas_m3_b1_u8", 8, true}, {"mmas_m1_b1_u8", 8, true},
                                     {"mmasp_m4_b1_u4", 8, true, 8}, {"mmas_m1_b1_u8", 8, true}}});
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
@@ -374,14 +373,25 @@ int main(int argc, char** argv) {
                 fflush(stdout);
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(g));
             };
+            char pn[64];
+            if (s.mode == 1 && engine_mma(s.rows, s.cols)) {
+                // The engine's mode 7, and its CUDA-core mode 1 beside it.
+                snprintf(pn, sizeof pn, "gemv_m7_b%d", B);
+                run_once(fn(pn), false, 8, mma_grid(fn(pn), s.rows, 8), 256, yref);
+                bench("engine", fn(pn), false, 8, mma_grid(fn(pn), s.rows, 8), 256);
+                snprintf(pn, sizeof pn, "gemv_m1_b%d", B);
+                const int k1 = engine_ksplit(s.rows, s.cols);
+                bench("cuda_cores", fn(pn), false, k1, stream_grid(fn(pn), s.rows, k1), 256);
+            }
             int eks = engine_ksplit(s.rows, s.cols, s.mode == 4);
             // plan.rs gemv_launch: tall gate/up past batch 1 runs mode 6, one warp for both slices.
             const bool one_warp = s.mode == 4 && eks == 2 && B > 1 && s.rows >= 8192;
             if (one_warp) eks = 1;
-            char pn[64];
             snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 6 : s.mode, B);
-            run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
-            bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
+            if (!(s.mode == 1 && engine_mma(s.rows, s.cols))) {
+                run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
+                bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
+            }
             if (one_warp) {
                 // The candidate for mode 6 (variants.cu): same bits expected, maxdiff 0.
                 snprintf(pn, sizeof pn, "stream_m4_b%d_switch", B);

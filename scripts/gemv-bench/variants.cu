@@ -75,27 +75,7 @@ extern "C" __global__ void fill_f32(float* p, size_t n, unsigned seed) {
 // S = 2: the activations as two bf16 terms, hi = bf16(v) and lo = bf16(v - hi), each through its
 // own mma into the same f32 accumulators: about 16 bits of each activation instead of 8.
 // Requires cols % (32 * ksplit) == 0 and rows % 16 == 0.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// lo into the low half, hi into the high, each rounded to nearest even: one instruction.
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// hi = bf16(a), bf16(b) packed; lo = the same of what rounding left.
-__device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsigned& lo) {
-    hi = pack_bf16(a, b);
-    lo = pack_bf16(a - bf_lo(hi), b - bf_hi(hi));
-}
+// mma_bf16, pack_bf16 and split_bf16 are gemv.cu's (the engine's mode 7).
 
 template <int MODE, int WARPS, int U, int S = 1>
 __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,

@@ -44,7 +44,8 @@ struct Funcs {
     swiglu: CudaFunction,
     argmax_final: CudaFunction,
     /// gemv[mode][batch - 1] for the modes in [`plan::GEMV_MODES`] (empty for the others); mode
-    /// 6 is gate/up's 4 summing a row's two slices in one warp (plan.rs gemv_launch).
+    /// 6 is gate/up's 4 summing a row's two slices in one warp, 7 the residual 1 on the tensor
+    /// cores (plan.rs gemv_launch).
     gemv: Vec<Vec<CudaFunction>>,
     /// Blocks of each GEMV resident on the whole GPU at once, the streaming modes' persistent
     /// grid: resident[mode][batch - 1].
@@ -368,11 +369,13 @@ impl CudaBackend {
             let k = plan::lm_head_ksplit(rows, cols);
             (k, plan::gemv_blocks(rows, k), mode)
         } else {
-            // Gate/up (mode 4), whose one-warp form is mode 6.
-            let (k, one_warp) = plan::gemv_launch(rows, cols, mode == 4, batch);
-            let kernel = if one_warp { 6 } else { mode };
-            let resident = self.f.resident[kernel][batch - 1];
-            (k, plan::gemv_grid(rows, k, resident), kernel)
+            let l = plan::gemv_launch(rows, cols, mode, batch);
+            let resident = self.f.resident[l.mode][batch - 1];
+            (
+                l.ksplit,
+                plan::gemv_grid(l.units, l.ksplit, resident),
+                l.mode,
+            )
         };
         launch!(&self.f.gemv[kernel][batch - 1], &self.stream, self.pdl,
             (grid, 1, 1), GEMV_THREADS, 0;

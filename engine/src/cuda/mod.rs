@@ -5,6 +5,9 @@ pub mod device;
 pub mod kernels;
 pub mod plan;
 
+#[cfg(test)]
+mod gemv_gpu_tests;
+
 pub use backend::CudaBackend;
 
 /// How many CUDA devices this machine has; 0 where there is no driver.

@@ -28,8 +28,8 @@ pub const ATT_SPLIT_MIN: usize = 16;
 pub const MAX_SPLITS: usize = 32;
 /// The GEMV modes gemv.cu compiles and the engine launches, each as `gemv_m{mode}_b{1..=8}`:
 /// 1 (add into the residual stream), 3 (RMSNorm folded in), 4 (RMSNorm and SwiGLU), 5 (lm_head
-/// and argmax), 6 (4 with one warp summing a row's two slices).
-pub const GEMV_MODES: [usize; 5] = [1, 3, 4, 5, 6];
+/// and argmax), 6 (4 with one warp summing a row's two slices), 7 (1 on the tensor cores).
+pub const GEMV_MODES: [usize; 6] = [1, 3, 4, 5, 6, 7];
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -125,20 +125,64 @@ pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     }
 }
 
-/// How a streaming GEMV is launched at `batch`: its warps per row, and whether one warp sums
-/// the row's two slices itself (gemv.cu's VK = 2: kernel mode 6, for gate/up),
-/// which gives the same bits as two warps. Tall gate/up matrices do that at batch 2-8, where
-/// two warps per row measured 20-25% slower than one warp over one slice (scripts/gemv-bench).
-pub fn gemv_launch(rows: usize, cols: usize, gate_up: bool, batch: usize) -> (usize, bool) {
+/// Warps that share a tile of the tensor-core GEMV (mode 7), each summing a slice of K.
+pub const MMA_KSPLIT: usize = 8;
+/// Output rows of a tensor-core GEMV tile (one mma's 16 rows).
+pub const MMA_TILE_ROWS: usize = 16;
+/// 16-byte loads per lane per weight row per step of the tensor-core GEMV (`GEMV_MMA_U`).
+const MMA_U: usize = 4;
+/// Least height of a residual GEMV run on the tensor cores.
+const MMA_MIN_ROWS: usize = 4096;
+
+/// Whether a residual GEMV (mode 1: o_proj, down_proj) runs on the tensor cores (mode 7), from
+/// its shape alone, so that its sums are the same at every batch: 4,096 rows or more, in whole
+/// tiles, and K in whole steps of every warp. Measured on the H200 (scripts/gemv-bench): at
+/// batch 1 the 8B's o and down take 10.5 and 30.2 us there against 10.7 and 31.0 on the CUDA
+/// cores (the whole step 0.4% faster at 16 positions, 1.2% at 1,000), at batch 8 14 and 42 us
+/// against 46 and 154. The 1B's (2,048 rows) are 12-14% slower at batch 1 there and the 8B's
+/// q/k/v and gate/up 7-10%, so they stay on the CUDA cores.
+pub fn gemv_on_tensor_cores(rows: usize, cols: usize) -> bool {
+    rows >= MMA_MIN_ROWS && rows % MMA_TILE_ROWS == 0 && cols % (32 * MMA_U * MMA_KSPLIT) == 0
+}
+
+/// A decode GEMV's launch: the kernel mode, the warps that share a row (or a tile), and how many
+/// rows (or tiles) the blocks share out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvLaunch {
+    pub mode: usize,
+    pub ksplit: usize,
+    pub units: usize,
+}
+
+/// How the GEMV of `mode` (1, 3 or 4) over `rows` x `cols` is launched at `batch`. Residual
+/// GEMVs of the shapes in [`gemv_on_tensor_cores`] run mode 7. Tall gate/up (4) sums its two
+/// slices in one warp at batch 2-8 (gemv.cu's VK = 2: mode 6), which gives the same bits as two
+/// warps: two warps per row measured 20-25% slower there than one warp over one slice
+/// (scripts/gemv-bench). Every other choice is the same at every batch.
+pub fn gemv_launch(rows: usize, cols: usize, mode: usize, batch: usize) -> GemvLaunch {
+    if mode == 1 && gemv_on_tensor_cores(rows, cols) {
+        return GemvLaunch {
+            mode: 7,
+            ksplit: MMA_KSPLIT,
+            units: rows / MMA_TILE_ROWS,
+        };
+    }
+    let gate_up = mode == 4;
     let k = gemv_ksplit(rows, cols, gate_up);
-    if gate_up && k == 2 && batch > 1 && rows >= GEMV_TARGET_WARPS {
-        (1, true)
+    let (mode, ksplit) = if gate_up && k == 2 && batch > 1 && rows >= GEMV_TARGET_WARPS {
+        (6, 1)
     } else {
-        (k, false)
+        (mode, k)
+    };
+    GemvLaunch {
+        mode,
+        ksplit,
+        units: rows,
     }
 }
 
-/// Blocks of a streaming GEMV: one per row group while they all fit on the GPU at once
+/// Blocks of a persistent GEMV over `rows` rows (or tiles, for mode 7), `ksplit` warps to
+/// each: one per group while they all fit on the GPU at once
 /// (`resident` blocks), else as few as walk the groups in the same number of rounds, so that
 /// every block walks as many groups (1,536 q/k/v groups of the 8B on 528 resident blocks:
 /// 512 blocks, three groups each, rather than 480 blocks with three and 48 with two). Measured on
@@ -423,19 +467,57 @@ mod tests {
 
     #[test]
     fn tall_gate_up_sums_its_two_slices_in_one_warp_past_batch_1() {
+        let l = |mode, ksplit, units| GemvLaunch {
+            mode,
+            ksplit,
+            units,
+        };
         // Llama-3.1-8B gate/up: two warps at batch 1, one warp with both slices at 2-8; the
         // numerics (two slices) are the same at every batch.
-        assert_eq!(gemv_launch(14336, 4096, true, 1), (2, false));
+        assert_eq!(gemv_launch(14336, 4096, 4, 1), l(4, 2, 14336));
         for batch in 2..=MAX_GEMV_BATCH {
-            assert_eq!(gemv_launch(14336, 4096, true, batch), (1, true));
+            assert_eq!(gemv_launch(14336, 4096, 4, batch), l(6, 1, 14336));
         }
         // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
-            assert_eq!(gemv_launch(4096, 1024, true, batch), (2, false));
-            assert_eq!(gemv_launch(14336, 4096, false, batch), (1, false));
-            assert_eq!(gemv_launch(4096, 14336, false, batch), (2, false));
-            assert_eq!(gemv_launch(8192, 1280, true, batch), (1, false));
+            assert_eq!(gemv_launch(4096, 1024, 4, batch), l(4, 2, 4096));
+            assert_eq!(gemv_launch(6144, 4096, 3, batch), l(3, 2, 6144));
+            assert_eq!(gemv_launch(2048, 8192, 1, batch), l(1, 2, 2048));
+            assert_eq!(gemv_launch(8192, 1280, 4, batch), l(4, 1, 8192));
         }
+    }
+
+    #[test]
+    fn tall_residual_gemvs_run_on_the_tensor_cores_at_every_batch() {
+        // Llama-3.1-8B o and down: mode 7, 16-row tiles, 8 warps per tile, at every batch.
+        for batch in 1..=MAX_GEMV_BATCH {
+            for (rows, cols) in [(4096, 4096), (4096, 14336), (8192, 28672)] {
+                let want = GemvLaunch {
+                    mode: 7,
+                    ksplit: MMA_KSPLIT,
+                    units: rows / MMA_TILE_ROWS,
+                };
+                assert_eq!(gemv_launch(rows, cols, 1, batch), want, "{rows}x{cols}");
+            }
+        }
+        // Llama-3.2-1B's o and down, Qwen2.5-0.5B's, a K not in whole steps of 8 warps x 128,
+        // rows not in whole tiles, and the other modes: the CUDA cores.
+        for (rows, cols) in [
+            (2048, 2048),
+            (2048, 8192),
+            (896, 4864),
+            (4096, 2560),
+            (4104, 4096),
+        ] {
+            assert!(!gemv_on_tensor_cores(rows, cols), "{rows}x{cols}");
+            assert_eq!(gemv_launch(rows, cols, 1, 1).mode, 1);
+        }
+        assert_eq!(gemv_launch(4096, 4096, 3, 1).mode, 3);
+        assert_ne!(gemv_launch(14336, 4096, 4, 1).mode, 7);
+        // Its persistent grid: 256 tiles of the 8B's o in groups of one tile per block, on as many
+        // blocks as are resident (two per SM on 132 SMs) in the fewest rounds.
+        assert_eq!(gemv_grid(4096 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);
+        assert_eq!(gemv_grid(8192 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);
     }
 
     #[test]
