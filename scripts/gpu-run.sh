@@ -26,8 +26,9 @@
 # --python    the interpreter with torch, transformers and (on PYTHONPATH) vLLM (default python3).
 # --site      vLLM's unpacked pack, put first on PYTHONPATH (default /tmp/site; "" for none).
 #
-# The orchestrator records the tree it ran (git rev-parse HEAD^{tree}). A plain copy of the tree
-# without .git gets a repository here: `git init` and one commit of the copy as received (what
+# The orchestrator records the tree of the files it ran (tracked, and untracked ones git does not
+# ignore, less reports/), whatever HEAD names; the log says when the two differ. A plain copy of
+# the tree without .git gets a repository here: `git init` and one commit of the copy as received (what
 # .gitignore ignores left out), so the record's tree id equals main's for an unmodified copy of
 # main. On later calls, changes to that copy (other than this script's own outputs: records,
 # goldens, checkpoint.sha256, BENCHMARKS.md) are committed on top, so the tree follows the code.
@@ -116,7 +117,17 @@ elif [ -e "$marker" ]; then
         gitc commit -q -m "gpu-run.sh: changes to the copied tree" && log "git: committed changes to the copied tree"
     fi
 fi
-log "git: tree $(git rev-parse 'HEAD^{tree}') (commit $(git rev-parse --short HEAD))"
+# The tree the records will name: the files as they are (the orchestrator's own computation,
+# record.rs working_tree), which a checkout's HEAD need not describe (a stale .git shipped with
+# the copy, or uncommitted edits).
+idx=$(mktemp) && files_tree=$(GIT_INDEX_FILE=$idx git read-tree HEAD && GIT_INDEX_FILE=$idx git add -A -- . ':(exclude)reports' &&
+    GIT_INDEX_FILE=$idx git write-tree); rm -f "$idx"
+head_tree=$(git rev-parse 'HEAD^{tree}')
+if [ "${files_tree:-}" = "$head_tree" ]; then
+    log "git: tree $head_tree (commit $(git rev-parse --short HEAD))"
+else
+    log "git: tree ${files_tree:-unknown} of the files as they are; HEAD $(git rev-parse --short HEAD) has $head_tree (records name the first)"
+fi
 
 # --- units -------------------------------------------------------------------------------------
 # name<TAB>gpu?<TAB>golden files (space-separated), one line per unit, from the unit files.

@@ -445,6 +445,19 @@ impl RecordView {
     pub fn tree8(&self) -> &str {
         &self.project.tree[..self.project.tree.len().min(8)]
     }
+    /// What the tree id stands for, when the files differed from the commit: from orchestrator
+    /// 0.3.0 on, the tree of the files as they ran; before, the commit's tree, which then does
+    /// not describe the binary. (`short`: for a table cell.)
+    pub fn tree_note(&self, short: bool) -> &'static str {
+        let before_0_3 = matches!(self.orchestrator_version.as_str(), "0.1.0" | "0.2.0");
+        match (self.project.dirty, before_0_3, short) {
+            (false, _, _) => "",
+            (true, false, true) => " (uncommitted)",
+            (true, false, false) => " (uncommitted files: the tree is theirs, as they ran)",
+            (true, true, true) => " (dirty)",
+            (true, true, false) => " (dirty: the tree does not describe the binary)",
+        }
+    }
     pub fn commit8(&self) -> &str {
         &self.project.commit[..self.project.commit.len().min(8)]
     }
@@ -475,6 +488,20 @@ mod tests {
         assert!(e.starts_with("it is not valid JSON"), "{e}");
         let e = parse(r#"{"unit": {}}"#).unwrap_err();
         assert!(e.contains("no numeric `schema`"), "{e}");
+    }
+
+    #[test]
+    fn a_dirty_trees_meaning_depends_on_the_writer() {
+        let mut r = parse(MIN).unwrap();
+        assert_eq!(r.tree_note(false), "");
+        r.project.dirty = true;
+        for (version, says) in [
+            ("0.2.0", "does not describe the binary"),
+            ("0.3.0", "the tree is theirs"),
+        ] {
+            r.orchestrator_version = version.into();
+            assert!(r.tree_note(false).contains(says), "{version}");
+        }
     }
 
     #[test]

@@ -57,10 +57,14 @@ pub struct UnitInfo {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProjectInfo {
     pub root: PathBuf,
-    /// `git rev-parse HEAD^{tree}`: what was built, independent of commit metadata.
+    /// The git tree of the project's files as they were when the run started (tracked files
+    /// and untracked ones git does not ignore, less `reports/`, which holds results): what was
+    /// built, independent of commit metadata. `HEAD^{tree}` when nothing is uncommitted.
     pub tree: String,
     pub commit: String,
-    /// Uncommitted changes to tracked files: the tree hash then does not describe the binary.
+    /// The files differ from `commit`: `tree` is theirs, not the commit's (records written
+    /// before this field's meaning was widened, orchestrator 0.2.0, have `HEAD^{tree}` there and
+    /// `dirty` for modified tracked files only: their tree then does not describe the binary).
     pub dirty: bool,
 }
 
@@ -122,14 +126,46 @@ pub fn project_root(start: &Path) -> Option<PathBuf> {
 
 impl ProjectInfo {
     pub fn read(root: &Path) -> ProjectInfo {
+        let head = git(root, &["rev-parse", "HEAD^{tree}"]);
+        let tree = working_tree(root).or_else(|| head.clone());
         ProjectInfo {
             root: root.to_path_buf(),
-            tree: git(root, &["rev-parse", "HEAD^{tree}"]).unwrap_or_else(|| "unknown".into()),
+            dirty: head.is_none() || tree != head,
+            tree: tree.unwrap_or_else(|| "unknown".into()),
             commit: git(root, &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into()),
-            dirty: git(root, &["status", "--porcelain", "--untracked-files=no"])
-                .is_none_or(|s| !s.is_empty()),
         }
     }
+}
+
+/// The tree id of the files under `root` as they are (tracked, and untracked but not ignored,
+/// less `reports/`), written through a temporary index so that the checkout's own index, HEAD
+/// and branches are untouched (the tree objects land in its object store, as `git stash` would
+/// put them). A checkout's HEAD alone can name another tree than the one that was built: a copy
+/// shipped to a GPU box with a stale `.git`, or uncommitted edits.
+fn working_tree(root: &Path) -> Option<String> {
+    let index = std::env::temp_dir().join(format!(
+        "llm-bench-index-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .env("GIT_INDEX_FILE", &index)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let tree = run(&["read-tree", "HEAD"])
+        .and_then(|_| run(&["add", "-A", "--", ".", ":(exclude)reports"]))
+        .and_then(|_| run(&["write-tree"]));
+    let _ = std::fs::remove_file(&index);
+    tree
 }
 
 pub fn sha256_file(path: &Path) -> Option<String> {
@@ -285,6 +321,67 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn project_tree_is_of_the_files_as_they_are_not_of_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let sh = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "commit.gpgsign=false",
+                ])
+                .args(args)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        sh(&["init", "-q", "."]);
+        std::fs::write(root.join("a.rs"), "fn a() {}").unwrap();
+        std::fs::write(root.join(".gitignore"), "/target/\n").unwrap();
+        sh(&["add", "-A"]);
+        sh(&["commit", "-q", "-m", "one"]);
+        let clean = ProjectInfo::read(root);
+        assert!(!clean.dirty);
+        assert_eq!(
+            clean.tree,
+            git(root, &["rev-parse", "HEAD^{tree}"]).unwrap()
+        );
+        // Results under reports/ and ignored build outputs are not the code that ran.
+        std::fs::create_dir_all(root.join("reports/records")).unwrap();
+        std::fs::write(root.join("reports/records/r.json"), "{}").unwrap();
+        std::fs::create_dir_all(root.join("target")).unwrap();
+        std::fs::write(root.join("target/bin"), "x").unwrap();
+        assert_eq!(ProjectInfo::read(root).tree, clean.tree);
+        // An edit and a new source file: the tree is the one a commit of them would have, and
+        // the checkout's index and HEAD are left as they were.
+        std::fs::write(root.join("a.rs"), "fn a() { 1; }").unwrap();
+        std::fs::write(root.join("b.rs"), "fn b() {}").unwrap();
+        let edited = ProjectInfo::read(root);
+        assert!(edited.dirty);
+        assert_ne!(edited.tree, clean.tree);
+        assert_eq!(edited.commit, git(root, &["rev-parse", "HEAD"]).unwrap());
+        assert_eq!(git(root, &["diff", "--cached", "--name-only"]).unwrap(), "");
+        assert_eq!(
+            git(root, &["status", "--porcelain"]).unwrap(),
+            "M a.rs\n?? b.rs\n?? reports/"
+        );
+        sh(&["add", "a.rs", "b.rs"]);
+        sh(&["commit", "-q", "-m", "two"]);
+        assert_eq!(
+            edited.tree,
+            git(root, &["rev-parse", "HEAD^{tree}"]).unwrap()
+        );
+        assert!(!ProjectInfo::read(root).dirty);
+    }
 
     #[test]
     fn write_is_new_only_and_leaves_no_temporary() {

@@ -275,7 +275,7 @@ fn history(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>
         s.push_str(&format!(
             "| `{}`{} | `{}` | {} | {} |\n",
             r.tree8(),
-            if r.project.dirty { " (dirty)" } else { "" },
+            r.tree_note(true),
             r.commit8(),
             esc(&r.created_utc),
             cells.join(" | ")
@@ -322,7 +322,7 @@ fn unit_section(unit: &str, records: &[&Stored]) -> (String, Option<(String, Str
         latest.name,
         if r.created_utc.is_empty() { "at an unrecorded time" } else { &r.created_utc },
         r.project.tree,
-        if r.project.dirty { " (dirty: the tree does not describe the binary)" } else { "" },
+        r.tree_note(false),
         r.project.commit,
         r.oracle_label(),
         gpu,

@@ -501,7 +501,11 @@ pub fn run_checked(
         "{} on tree {}{}: engine vs {} oracle",
         cfg.name,
         &project.tree[..project.tree.len().min(12)],
-        if project.dirty { " (dirty)" } else { "" },
+        if project.dirty {
+            " (uncommitted files)"
+        } else {
+            ""
+        },
         cfg.oracle.backend.as_str()
     );
     println!("{}", table::render_terminal(&axes));
@@ -625,7 +629,7 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
         rec.unit.name,
         rec.unit.config.oracle.backend.as_str(),
         rec.project.tree,
-        if rec.project.dirty { " (dirty)" } else { "" },
+        if rec.project.dirty { " (uncommitted files: the tree is theirs)" } else { "" },
         rec.project.commit,
         rec.host.hostname,
         rec.host.cpu_model,
