@@ -2,6 +2,9 @@
 //! table. The storage itself belongs to the backend (host memory or device memory); this module
 //! only decides which block holds which positions, so every backend pages the same way.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 
@@ -88,13 +91,16 @@ pub fn resolve_pool(
 #[derive(Debug)]
 pub struct BlockAllocator {
     shape: PoolShape,
-    /// Free block ids, handed out lowest first so that runs are reproducible.
-    free: Vec<u32>,
+    /// Free block ids, handed out lowest first so that runs are reproducible. A heap: reserving
+    /// and releasing cost the table's blocks, not the pool's. (The free list was sorted at
+    /// every release: with the pool matched to vLLM's, 2.7M blocks for tiny-trained, batch 8
+    /// ran at 735 tok/s instead of 45,751 on the H200, `engine bench --num-blocks 2724250`.)
+    free: BinaryHeap<Reverse<u32>>,
 }
 
 impl BlockAllocator {
     pub fn new(shape: PoolShape) -> Self {
-        let free = (0..shape.num_blocks as u32).rev().collect();
+        let free = (0..shape.num_blocks as u32).map(Reverse).collect();
         Self { shape, free }
     }
 
@@ -114,17 +120,18 @@ impl BlockAllocator {
         if n > self.free.len() {
             return None;
         }
-        let blocks = self.free.split_off(self.free.len() - n);
+        let blocks = (0..n)
+            .filter_map(|_| self.free.pop())
+            .map(|r| r.0)
+            .collect();
         Some(BlockTable {
-            blocks: blocks.into_iter().rev().collect(),
+            blocks,
             block_size: self.shape.block_size,
         })
     }
 
     pub fn release(&mut self, table: BlockTable) {
-        self.free.extend(table.blocks.into_iter().rev());
-        // Keep lowest-first order for the next reservation.
-        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        self.free.extend(table.blocks.into_iter().map(Reverse));
     }
 }
 
@@ -205,5 +212,19 @@ mod tests {
         a.release(t1);
         assert_eq!(a.free_blocks(), 3);
         assert_eq!(a.reserve(12).unwrap().blocks, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn blocks_are_handed_out_lowest_first_whatever_the_release_order() {
+        let c = cfg();
+        let mut a = BlockAllocator::new(resolve_pool(&c, 4, PoolSize::Blocks(8), 4).unwrap());
+        let t: Vec<BlockTable> = (0..4).map(|_| a.reserve(8).unwrap()).collect();
+        assert_eq!(t[3].blocks, vec![6, 7]);
+        for i in [2, 0, 3, 1] {
+            a.release(t[i].clone());
+        }
+        assert_eq!(a.reserve(12).unwrap().blocks, vec![0, 1, 2]);
+        assert_eq!(a.reserve(4).unwrap().blocks, vec![3]);
+        assert_eq!(a.free_blocks(), 4);
     }
 }
