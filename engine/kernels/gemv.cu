@@ -167,17 +167,46 @@ GEMV_ARGMAX_KERNEL(6)
 GEMV_ARGMAX_KERNEL(7)
 GEMV_ARGMAX_KERNEL(8)
 
+// inv_s[b] = 1 / rms(x[b]) for the block's B activation rows, every thread of the block taking
+// part (each block computes it: cheaper than a kernel of its own); ends with a barrier.
+template <int B>
+__device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int ldx, int cols, float eps,
+                                              float (&ssr)[GEMV_WARPS][B], float (&inv_s)[B]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float ss[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) ss[b] = 0.0f;
+    for (int k = threadIdx.x; k < cols; k += blockDim.x) {
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const float v = x[(size_t)b * ldx + k];
+            ss[b] = fmaf(v, v, ss[b]);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) ss[b] = warp_sum(ss[b]);
+    if (lane == 0) {
+#pragma unroll
+        for (int b = 0; b < B; b++) ssr[warp][b] = ss[b];
+    }
+    __syncthreads();
+    if (threadIdx.x < B) {
+        float t = 0.0f;
+        for (int w = 0; w < GEMV_WARPS; w++) t += ssr[w][threadIdx.x];
+        inv_s[threadIdx.x] = rsqrtf(t / (float)cols + eps);
+    }
+    __syncthreads();
+}
+
 // Modes 1, 3, 4. G: 16-byte loads per lane per weight row per step (4 at batch 1; 2 at larger
 // batches, whose activation reads need the registers). VK = 2 (with ksplit 1): one warp sums a
 // row as two warps would with ksplit 2, the halves of K in two accumulators added at the end in
 // the same order, so the result is the same bits; gate/up at batch 2-8 (plan.rs gemv_launch),
 // where two warps per row measured slower than one. Needs (cols / 16) % 32 == 0, so the halves'
 // chunks fall to the same lanes as the two warps'. (It picks the accumulator per chunk; batch 8
-// on the 8B is 7.8% slower than with one slice: docs/ENGINE.md.)
-// SWITCH (a candidate timed by scripts/gemv-bench, not run by the engine): VK = 2 with every
-// FMA into one accumulator, whose sum moves aside once, at the step where the second half
-// begins; needs (cols / 16) % (32 G) == 0.
-template <int B, int MODE, int G, int VK = 1, bool SWITCH = false>
+// on the 8B is 7.8% slower than with one slice: docs/ENGINE.md; moving the sum aside once at the
+// second half instead, without a branch per chunk, measured no faster.)
+template <int B, int MODE, int G, int VK = 1>
 __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                             int ksplit, const bf16* __restrict__ gamma, float eps) {
@@ -221,31 +250,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     pdl_launch_dependents();
     pdl_wait();
 
-    if (NORM) {
-        float ss[B];
-#pragma unroll
-        for (int b = 0; b < B; b++) ss[b] = 0.0f;
-        for (int k = threadIdx.x; k < cols; k += blockDim.x) {
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float v = x[(size_t)b * ldx + k];
-                ss[b] = fmaf(v, v, ss[b]);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < B; b++) ss[b] = warp_sum(ss[b]);
-        if (lane == 0) {
-#pragma unroll
-            for (int b = 0; b < B; b++) ssr[warp][b] = ss[b];
-        }
-        __syncthreads();
-        if (threadIdx.x < B) {
-            float t = 0.0f;
-            for (int w = 0; w < WARPS; w++) t += ssr[w][threadIdx.x];
-            inv_s[threadIdx.x] = rsqrtf(t / (float)cols + eps);
-        }
-        __syncthreads();
-    }
+    if (NORM) block_inv_rms<B>(x, ldx, cols, eps, ssr, inv_s);
 
     float acc[VK][NW][B];
 #pragma unroll
@@ -261,21 +266,12 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
         const int g = blockIdx.x + gi * stride;
         const int row = g * rpb + warp / ksplit;
         const int c = c0 + s * 32 * G + lane;
-        if (VK == 2 && SWITCH && s * 32 * G == half) {
-#pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int b = 0; b < B; b++) {
-                    acc[VK - 1][r][b] = acc[0][r][b];
-                    acc[0][r][b] = 0.0f;
-                }
-        }
         if (row < rows) {
 #pragma unroll
             for (int u = 0; u < G; u++) {
                 if (c + 32 * u < c1) {
                     // The same for every lane: half is a multiple of 32 chunks.
-                    const bool hi = VK == 2 && !SWITCH && c - lane - c0 + 32 * u >= half;
+                    const bool hi = VK == 2 && c - lane - c0 + 32 * u >= half;
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float4 xa, xb;
@@ -309,8 +305,8 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float tt = 0.0f;
-                        tt += acc[SWITCH ? VK - 1 : 0][r][b];
-                        tt += acc[SWITCH ? 0 : VK - 1][r][b];
+                        tt += acc[0][r][b];
+                        tt += acc[VK - 1][r][b];
                         acc[0][r][b] = tt;
                     }
             }
@@ -420,12 +416,18 @@ __device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsig
     lo = pack_bf16(a - bf_lo(hi), b - bf_hi(hi));
 }
 
-template <int B, int U>
+// MODE 1 is what the engine runs (mode 7); 3 and 4 (the RMSNorm folded in as gemv_stream does,
+// its scale applied to the activations before they are split) are timed by scripts/gemv-bench.
+template <int B, int MODE, int U>
 __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,
                                          float* __restrict__ y, int rows, int cols, int ldx, int ldy,
-                                         int ksplit) {
+                                         int ksplit, const bf16* __restrict__ gamma, float eps) {
     constexpr int WARPS = GEMV_WARPS;
-    __shared__ float red[2][WARPS][4][32];
+    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr int NW = MODE == 4 ? 2 : 1;
+    __shared__ float red[2][WARPS][NW][4][32];
+    __shared__ float ssr[WARPS][B];
+    __shared__ float inv_s[B];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int tpb = WARPS / ksplit, kpart = warp % ksplit;
     const int per = cols / ksplit, k0 = kpart * per;
@@ -435,27 +437,36 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
     const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
     const int T = my_groups * nsteps;
 
-    uint4 cur[U][2], nxt[U][2];
+    uint4 cur[NW][U][2], nxt[NW][U][2];
     // Step t: row group t / nsteps of this block, slice step t % nsteps.
-    auto issue = [&](int t, uint4 (&buf)[U][2]) {
+    auto issue = [&](int t, uint4 (&buf)[NW][U][2]) {
         const int tile = (blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit;
         if (tile >= ntiles) return;
-        const bf16* base = W + (size_t)(tile * 16 + g) * cols + k0 + (t % nsteps) * 32 * U + 8 * tq;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            buf[u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
-            buf[u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+        for (int r = 0; r < NW; r++) {
+            const bf16* base =
+                W + (size_t)(tile * 16 + g + r * rows) * cols + k0 + (t % nsteps) * 32 * U + 8 * tq;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                buf[r][u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
+                buf[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+            }
         }
     };
     if (T > 0) issue(0, cur);
     pdl_launch_dependents();
     pdl_wait();
 
+    if (NORM) block_inv_rms<B>(x, ldx, cols, eps, ssr, inv_s);
     // Lanes past the batch read row 0 and scale it by 0 (no branch); their columns are not stored.
     const bool live = g < B;
     const float* xg = x + (size_t)(live ? g : 0) * ldx;
-    const float keep = live ? 1.0f : 0.0f;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float scale = !live ? 0.0f : NORM ? inv_s[g] : 1.0f;
+    float d[NW][4];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[r][i] = 0.0f;
     for (int t = 0; t < T; t++) {
         if (t + 1 < T) issue(t + 1, nxt);
         const int gi = t / nsteps, s = t % nsteps;
@@ -464,53 +475,74 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
             const int kb = k0 + s * 32 * U + 8 * tq;
             float4 xv[U][2];
 #pragma unroll
-            for (int u = 0; u < U; u++) x_chunk<false>(xg, nullptr, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
+            for (int u = 0; u < U; u++) x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 unsigned hi[4], lo[4];
                 const float4 xa = xv[u][0], xb = xv[u][1];
                 // __fmul_rn: the product is never fused into the split's subtraction.
-                split_bf16(__fmul_rn(xa.x, keep), __fmul_rn(xa.y, keep), hi[0], lo[0]);
-                split_bf16(__fmul_rn(xa.z, keep), __fmul_rn(xa.w, keep), hi[1], lo[1]);
-                split_bf16(__fmul_rn(xb.x, keep), __fmul_rn(xb.y, keep), hi[2], lo[2]);
-                split_bf16(__fmul_rn(xb.z, keep), __fmul_rn(xb.w, keep), hi[3], lo[3]);
-                const uint4 a = cur[u][0], c = cur[u][1];
-                mma_bf16(d, a.x, c.x, a.y, c.y, hi[0], hi[1]);
-                mma_bf16(d, a.z, c.z, a.w, c.w, hi[2], hi[3]);
-                mma_bf16(d, a.x, c.x, a.y, c.y, lo[0], lo[1]);
-                mma_bf16(d, a.z, c.z, a.w, c.w, lo[2], lo[3]);
+                split_bf16(__fmul_rn(xa.x, scale), __fmul_rn(xa.y, scale), hi[0], lo[0]);
+                split_bf16(__fmul_rn(xa.z, scale), __fmul_rn(xa.w, scale), hi[1], lo[1]);
+                split_bf16(__fmul_rn(xb.x, scale), __fmul_rn(xb.y, scale), hi[2], lo[2]);
+                split_bf16(__fmul_rn(xb.z, scale), __fmul_rn(xb.w, scale), hi[3], lo[3]);
+#pragma unroll
+                for (int r = 0; r < NW; r++) {
+                    const uint4 a = cur[r][u][0], c = cur[r][u][1];
+                    mma_bf16(d[r], a.x, c.x, a.y, c.y, hi[0], hi[1]);
+                    mma_bf16(d[r], a.z, c.z, a.w, c.w, hi[2], hi[3]);
+                    mma_bf16(d[r], a.x, c.x, a.y, c.y, lo[0], lo[1]);
+                    mma_bf16(d[r], a.z, c.z, a.w, c.w, lo[2], lo[3]);
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            cur[u][0] = nxt[u][0];
-            cur[u][1] = nxt[u][1];
-        }
+        for (int r = 0; r < NW; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                cur[r][u][0] = nxt[r][u][0];
+                cur[r][u][1] = nxt[r][u][1];
+            }
         if (s == nsteps - 1) {
-            // d: 0, 1 = (row g, batch 2t, 2t + 1); 2, 3 = (row g + 8, batch 2t, 2t + 1).
+            // d[r]: 0, 1 = (row g, batch 2t, 2t + 1); 2, 3 = (row g + 8, batch 2t, 2t + 1).
             if (ksplit > 1) {
                 const int par = gi & 1;
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[par][warp][i][lane] = d[i];
+                for (int r = 0; r < NW; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) red[par][warp][r][i][lane] = d[r][i];
                 __syncthreads();
                 if (kpart == 0) {
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float tt = 0.0f;
-                        for (int k = 0; k < ksplit; k++) tt += red[par][warp + k][i][lane];
-                        d[i] = tt;
-                    }
+                    for (int r = 0; r < NW; r++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            float tt = 0.0f;
+                            for (int k = 0; k < ksplit; k++) tt += red[par][warp + k][r][i][lane];
+                            d[r][i] = tt;
+                        }
                 }
             }
             if (tile < ntiles && kpart == 0) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int b = 2 * tq + (i & 1);
-                    if (b < B) y[(size_t)b * ldy + tile * 16 + g + (i >= 2 ? 8 : 0)] += d[i];
+                    if (b < B) {
+                        float* out = y + (size_t)b * ldy + tile * 16 + g + (i >= 2 ? 8 : 0);
+                        if (NW == 2) {
+                            const float gg = d[0][i], uu = d[NW - 1][i];
+                            *out = gg / (1.0f + expf(-gg)) * uu;
+                        } else if (MODE == 1) {
+                            *out += d[0][i];
+                        } else {
+                            *out = d[0][i];
+                        }
+                    }
                 }
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) d[i] = 0.0f;
+            for (int r = 0; r < NW; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) d[r][i] = 0.0f;
         }
     }
 }
@@ -520,7 +552,7 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit);                            \
+        gemv_mma<B, 1, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
     }
 GEMV_MMA_KERNEL(1)
 GEMV_MMA_KERNEL(2)

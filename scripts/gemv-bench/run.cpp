@@ -82,7 +82,7 @@ static int engine_ksplit(int rows, int cols, bool gate_up = false) {
 // One decode step's layers (no lm_head) as the engine runs them, in one graph with PDL:
 // qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
 struct Model { const char* name; int H, heads, kvh, D, I, L; };
-struct Pick { std::string kernel; int ksplit; bool mma = false; int tile_rows = 16; };
+struct Pick { std::string kernel; int ksplit; bool mma = false; };
 // The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
 // rows while they all fit on the GPU at once, else as few blocks as walk the groups in the same
 // number of rounds as what fits.
@@ -94,8 +94,8 @@ static unsigned stream_grid(CUfunction f, int rows, int ks) {
     return (groups + rounds - 1) / rounds;
 }
 // The persistent grid of the streaming tensor-core candidate: groups of 8 / ks tiles of 16 rows.
-static unsigned mma_grid(CUfunction f, int rows, int ks, int tile_rows = 16) {
-    const int tpb = 8 / ks, groups = (rows / tile_rows + tpb - 1) / tpb;
+static unsigned mma_grid(CUfunction f, int rows, int ks) {
+    const int tpb = 8 / ks, groups = (rows / 16 + tpb - 1) / tpb;
     int occ = 0;
     CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
     const int rounds = (groups + occ * sms - 1) / (occ * sms);
@@ -158,21 +158,11 @@ static void seq_bench() {
                        {"gemv_m4_b1", 1}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}}},
         };
         // The streaming tensor-core candidate at one (ksplit, U) for every matrix (gate/up U <= 2).
-        for (std::string kind : {"mmas", "mmasc"})
-            for (auto [ks, u] : {std::pair{8, 2}, {8, 4}}) {
-                const std::string us = std::to_string(u), u4 = std::to_string(std::min(u, 2));
-                sets.push_back({kind + "_k" + std::to_string(ks) + "_u" + us,
-                                {{kind + "_m3_b1_u" + us, ks, true}, {kind + "_m1_b1_u" + us, ks, true},
-                                 {kind + "_m4_b1_u" + u4, ks, true}, {kind + "_m1_b1_u" + us, ks, true}}});
-            }
-        // Per matrix, the faster of the engine's kernel and the candidate (from the per-shape
-        // figures at batch 1): the tall ones by the candidate.
-        for (auto [ks, u] : {std::pair{8, 4}, {4, 4}, {8, 2}})
-            sets.push_back({"mmasp_k" + std::to_string(ks) + "_u" + std::to_string(u),
-                            {{"mmas_m3_b1_u4", 8, true}, {"mmas_m1_b1_u4", 8, true},
-                             {"mmasp_m4_b1_u" + std::to_string(u), ks, true, 8}, {"mmas_m1_b1_u4", 8, true}}});
-        sets.push_back({"mmas_u8", {{"mmas_m3_b1_u8", 8, true}, {"mmas_m1_b1_u8", 8, true},
-                                    {"mmasp_m4_b1_u4", 8, true, 8}, {"mmas_m1_b1_u8", 8, true}}});
+        for (int u : {2, 4, 8}) {
+            const std::string us = std::to_string(u), u4 = std::to_string(std::min(u, 2));
+            sets.push_back({"mmas_k8_u" + us, {{"mmas_m3_b1_u" + us, 8, true}, {"mmas_m1_b1_u" + us, 8, true},
+                                              {"mmas_m4_b1_u" + u4, 8, true}, {"mmas_m1_b1_u" + us, 8, true}}});
+        }
         float eps = 1e-5f, scale = 1.0f / std::sqrt((float)m.D);
         for (int ctx : {16, 64, 256, 1000}) {
             if (getenv("SEQ_CTX") && atoi(getenv("SEQ_CTX")) != ctx) continue;
@@ -193,7 +183,7 @@ static void seq_bench() {
                         if (!f) { fprintf(stderr, "missing %s\n", pk.kernel.c_str()); exit(1); }
                         int r = rows, c = cols, k = pk.ksplit; CUdeviceptr parts = 0;
                         void* a[] = {&w, &xin, &yout, &r, &c, &c, &r, &k, &gamma, &eps, &parts};
-                        launch(f, pk.mma ? mma_grid(f, rows, k, pk.tile_rows) : stream_grid(f, rows, k), 256, a, true);
+                        launch(f, pk.mma ? mma_grid(f, rows, k) : stream_grid(f, rows, k), 256, a, true);
                     };
                     auto plain = [&](const char* name, unsigned grid, unsigned block, void** a) {
                         launch(fn(name), grid, block, a, true);
@@ -331,14 +321,11 @@ int main(int argc, char** argv) {
             const int copies = (int)std::min<size_t>(pool_bytes / bytes, std::max<size_t>(2, (640ull << 20) / bytes + 1));
             float eps = 1e-5f;
             // Reference: the engine's kernel with its own ksplit, one launch on copy 0.
-            int batch = B;
-            // `mma`: the tensor-core candidate's argument list (the batch instead of ldx, ldy, parts).
-            auto run_once = [&](CUfunction f, bool mma, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
+            auto run_once = [&](CUfunction f, int ks, unsigned grid, unsigned block, CUdeviceptr dst) {
                 CK(cuMemsetD8Async(dst, 0, 8 * 32768 * 4, stream));
                 int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr w = pool, parts = 0;
-                void* a1[] = {&w, &x, &dst, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
-                void* a3[] = {&w, &x, &dst, &rows, &cols, &batch, &k, &gamma, &eps};
-                launch(f, grid, block, mma ? a3 : a1, true);
+                void* a[] = {&w, &x, &dst, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
+                launch(f, grid, block, a, true);
                 CK(cuStreamSynchronize(stream));
             };
             auto maxdiff = [&]() {
@@ -349,10 +336,10 @@ int main(int argc, char** argv) {
                 for (size_t i = 0; i < a.size(); i++) m = std::max(m, (double)std::fabs(a[i] - b[i]) / (1e-3 + std::fabs(a[i])));
                 return m;
             };
-            auto bench = [&](const std::string& name, CUfunction f, bool mma, int ks, unsigned grid, unsigned block) {
+            auto bench = [&](const std::string& name, CUfunction f, int ks, unsigned grid, unsigned block) {
                 if (!f) { printf("%s\t%d\t%s\tmissing\n", s.name, B, name.c_str()); return; }
                 if (*filter && name.find(filter) == std::string::npos && name != "engine") return;
-                run_once(f, mma, ks, grid, block, y);
+                run_once(f, ks, grid, block, y);
                 const double md = maxdiff();
                 CUgraph g; CUgraphExec ge;
                 CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -360,9 +347,8 @@ int main(int argc, char** argv) {
                 int rows = s.rows, cols = s.cols, ldx = s.cols, ldy = s.rows, k = ks; CUdeviceptr parts = 0;
                 for (int i = 0; i < N; i++) {
                     ws[i] = pool + (size_t)(i % copies) * bytes;
-                    void* a1[] = {&ws[i], &x, &y, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
-                    void* a3[] = {&ws[i], &x, &y, &rows, &cols, &batch, &k, &gamma, &eps};
-                    launch(f, grid, block, mma ? a3 : a1, true);
+                    void* a[] = {&ws[i], &x, &y, &rows, &cols, &ldx, &ldy, &k, &gamma, &eps, &parts};
+                    launch(f, grid, block, a, true);
                 }
                 CK(cuStreamEndCapture(stream, &g));
                 CK(cuGraphInstantiate(&ge, g, 0));
@@ -377,11 +363,11 @@ int main(int argc, char** argv) {
             if (s.mode == 1 && engine_mma(s.rows, s.cols)) {
                 // The engine's mode 7, and its CUDA-core mode 1 beside it.
                 snprintf(pn, sizeof pn, "gemv_m7_b%d", B);
-                run_once(fn(pn), false, 8, mma_grid(fn(pn), s.rows, 8), 256, yref);
-                bench("engine", fn(pn), false, 8, mma_grid(fn(pn), s.rows, 8), 256);
+                run_once(fn(pn), 8, mma_grid(fn(pn), s.rows, 8), 256, yref);
+                bench("engine", fn(pn), 8, mma_grid(fn(pn), s.rows, 8), 256);
                 snprintf(pn, sizeof pn, "gemv_m1_b%d", B);
                 const int k1 = engine_ksplit(s.rows, s.cols);
-                bench("cuda_cores", fn(pn), false, k1, stream_grid(fn(pn), s.rows, k1), 256);
+                bench("cuda_cores", fn(pn), k1, stream_grid(fn(pn), s.rows, k1), 256);
             }
             int eks = engine_ksplit(s.rows, s.cols, s.mode == 4);
             // plan.rs gemv_launch: tall gate/up past batch 1 runs mode 6, one warp for both slices.
@@ -389,48 +375,31 @@ int main(int argc, char** argv) {
             if (one_warp) eks = 1;
             snprintf(pn, sizeof pn, "gemv_m%d_b%d", one_warp ? 6 : s.mode, B);
             if (!(s.mode == 1 && engine_mma(s.rows, s.cols))) {
-                run_once(fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
-                bench("engine", fn(pn), false, eks, stream_grid(fn(pn), s.rows, eks), 256);
-            }
-            if (one_warp) {
-                // The candidate for mode 6 (variants.cu): same bits expected, maxdiff 0.
-                snprintf(pn, sizeof pn, "stream_m4_b%d_switch", B);
-                if (CUfunction f = fn(pn)) bench(pn, f, false, 1, stream_grid(f, s.rows, 1), 256);
-                snprintf(pn, sizeof pn, "gemv_m%d_b%d", 6, B);
+                run_once(fn(pn), eks, stream_grid(fn(pn), s.rows, eks), 256, yref);
+                bench("engine", fn(pn), eks, stream_grid(fn(pn), s.rows, eks), 256);
             }
             const int chunks = s.cols / 8;
             for (int ks : {1, 2, 4, 8}) {
                 if (chunks % ks || chunks / ks < 32) continue;
-                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), false, ks, stream_grid(fn(pn), s.rows, ks), 256);
-                for (int u : {1, 2, 4}) for (const char* sfx : {"", "_s2"}) {
+                if (ks != eks) bench(std::string("engine_k") + std::to_string(ks), fn(pn), ks, stream_grid(fn(pn), s.rows, ks), 256);
+                // The tensor-core GEMV at this mode; at B = 8 also whether batch row 0's result is
+                // the same bits as the B = 1 kernel's.
+                for (int u : {1, 2, 4, 8}) {
                     char name[64];
-                    snprintf(name, sizeof name, "mma_m%d_u%d%s", s.mode, u, sfx);
-                    CUfunction f = fn(name);
-                    if (!f || (s.cols / ks) % (32 * u) != 0 || s.rows % 16 != 0) continue;
-                    int occ = 0;
-                    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-                    const int tpb = 8 / ks, groups = (s.rows / 16 + tpb - 1) / tpb;
-                    bench(name, f, true, ks, std::min(groups, occ * sms), 256);
-                }
-                // The streaming tensor-core candidate; at B = 8 also whether batch row 0's result
-                // is the same bits as the B = 1 kernel's.
-                for (int u : {1, 2, 4, 8}) for (const char* kind : {"mmas", "mmasc", "mmasl", "mmasp"}) {
-                    char name[64];
-                    snprintf(name, sizeof name, "%s_m%d_b%d_u%d", kind, s.mode, B, u);
+                    snprintf(name, sizeof name, "mmas_m%d_b%d_u%d", s.mode, B, u);
                     CUfunction f = fn(name);
                     if (!f || s.rows % 16 != 0 || s.cols % (32 * u * ks) != 0) continue;
-                    const int tile_rows = strcmp(kind, "mmasp") == 0 ? 8 : 16;
-                    const unsigned grid = mma_grid(f, s.rows, ks, tile_rows);
-                    bench(name, f, false, ks, grid, 256);
-                    if (B == 8 && strcmp(kind, "mmasl") != 0 && (!*filter || std::string(name).find(filter) != std::string::npos)) {
-                        snprintf(name, sizeof name, "%s_m%d_b1_u%d", kind, s.mode, u);
+                    const unsigned grid = mma_grid(f, s.rows, ks);
+                    bench(name, f, ks, grid, 256);
+                    if (B == 8 && (!*filter || std::string(name).find(filter) != std::string::npos)) {
+                        snprintf(name, sizeof name, "mmas_m%d_b1_u%d", s.mode, u);
                         CUfunction f1 = fn(name);
-                        run_once(f, false, ks, grid, 256, y);
+                        run_once(f, ks, grid, 256, y);
                         std::vector<float> a8(s.rows), a1(s.rows);
                         CK(cuMemcpyDtoH(a8.data(), y, s.rows * 4));
-                        run_once(f1, false, ks, mma_grid(f1, s.rows, ks, tile_rows), 256, y);
+                        run_once(f1, ks, mma_grid(f1, s.rows, ks), 256, y);
                         CK(cuMemcpyDtoH(a1.data(), y, s.rows * 4));
-                        printf("%s\tinvariant\t%s_u%d\tks%d\t%s\n", s.name, kind, u, ks,
+                        printf("%s\tinvariant\tmmas_u%d\tks%d\t%s\n", s.name, u, ks,
                                memcmp(a8.data(), a1.data(), s.rows * 4) == 0 ? "b8 row 0 == b1" : "DIFFERS");
                     }
                 }
@@ -438,7 +407,7 @@ int main(int argc, char** argv) {
                     char name[64];
                     snprintf(name, sizeof name, "stream_m%d_b%d_g%d", s.mode, B, g);
                     CUfunction f = fn(name);
-                    if (f) bench(name, f, false, ks, stream_grid(f, s.rows, ks), 256);
+                    if (f) bench(name, f, ks, stream_grid(f, s.rows, ks), 256);
                 }
             }
         }
