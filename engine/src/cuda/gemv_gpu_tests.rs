@@ -43,12 +43,6 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// bf16 bits of `v`, rounded to nearest even (finite inputs).
-fn bf16(v: f32) -> u16 {
-    let u = v.to_bits();
-    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
-}
-
 struct Gemv<'a> {
     stream: &'a CudaStream,
     sms: usize,
@@ -98,7 +92,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
         assert!(plan::gemv_on_tensor_cores(rows, cols));
         let w: Vec<u16> = values(rows * cols, rows as u64)
             .iter()
-            .map(|v| bf16(v / 16.0))
+            .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
             .collect();
         let x = values(B * cols, 7);
         let g = Gemv {
@@ -118,7 +112,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
         for r in 0..rows {
             let wr: Vec<f64> = w[r * cols..(r + 1) * cols]
                 .iter()
-                .map(|&h| f32::from_bits((h as u32) << 16) as f64)
+                .map(|&h| half::bf16::from_bits(h).to_f64())
                 .collect();
             for b in 0..B {
                 let xb = &x[b * cols..(b + 1) * cols];
