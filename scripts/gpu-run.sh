@@ -117,16 +117,13 @@ elif [ -e "$marker" ]; then
         gitc commit -q -m "gpu-run.sh: changes to the copied tree" && log "git: committed changes to the copied tree"
     fi
 fi
-# The tree the records will name: the files as they are (the orchestrator's own computation,
-# record.rs working_tree), which a checkout's HEAD need not describe (a stale .git shipped with
-# the copy, or uncommitted edits).
-idx=$(mktemp) && files_tree=$(GIT_INDEX_FILE=$idx git read-tree HEAD && GIT_INDEX_FILE=$idx git add -A -- . ':(exclude)reports' &&
-    GIT_INDEX_FILE=$idx git write-tree); rm -f "$idx"
-head_tree=$(git rev-parse 'HEAD^{tree}')
-if [ "${files_tree:-}" = "$head_tree" ]; then
-    log "git: tree $head_tree (commit $(git rev-parse --short HEAD))"
+# The records name the tree of the files as they are (record.rs working_tree), which a checkout's
+# HEAD need not describe (a stale .git shipped with the copy, or uncommitted edits): say so.
+changed=$(git status --porcelain -- . ':(exclude)reports' | wc -l)
+if [ "$changed" -eq 0 ]; then
+    log "git: tree $(git rev-parse 'HEAD^{tree}') (commit $(git rev-parse --short HEAD))"
 else
-    log "git: tree ${files_tree:-unknown} of the files as they are; HEAD $(git rev-parse --short HEAD) has $head_tree (records name the first)"
+    log "git: $changed path(s) differ from HEAD $(git rev-parse --short HEAD); the records name the tree of the files as they are"
 fi
 
 # --- units -------------------------------------------------------------------------------------
