@@ -8,10 +8,11 @@
 // How many splits a row uses depends on its context length alone (one per ATT_SPLIT_MIN
 // positions, at most gridDim.z), so a row's result does not depend on the batch it is in, and
 // one captured graph serves every step: blocks past a row's split count return at once.
-#define ATT_MAXG 8   // query heads per KV head (kernels for G = 1, 2, 4, 8: the next power of two)
-#define ATT_WARPS 4  // warps per block (plan.rs ATT_THREADS = 32 x this)
-#define ATT_SPLIT_MIN 16
-#define ATT_MAX_SPLITS 32  // the grid's depth at most (plan.rs MAX_SPLITS): one lane per split
+// ATT_MAXG (query heads per KV head at most: kernels for G = 1, 2, 4, 8, the next power of two),
+// ATT_WARPS (warps per block), ATT_SPLIT_MIN (positions per split) and ATT_MAX_SPLITS (the grid's
+// depth at most: one lane per split) are plan.rs's, defined by the engine (-D).
+static_assert(ATT_MAXG == 8, "attention_g{1,2,4,8} below cover ATT_MAXG query heads per KV head");
+static_assert(ATT_MAX_SPLITS <= 32, "the split merge gives each split one lane");
 
 __device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t at, float v) {
     if (out_f32) out_f32[at] = v;
@@ -54,7 +55,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     const int gd = g * head_dim;
     // What depends only on the kernel before is loaded at once: the row's position and block
     // table, this group's queries and (decode) the new k and v. Nothing waits for any of it yet.
-    constexpr int QPT = G * 128 / (32 * ATT_WARPS);  // queries per thread at most (head_dim <= 128)
+    constexpr int QPT = G * MAX_HEAD_DIM / (32 * ATT_WARPS);  // queries per thread at most
     const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * gd;
     const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * head_dim;
     float qv[QPT];
@@ -78,7 +79,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     float* qs = smem;                       // [g][D], pre-scaled
     float* wo = qs + gd;                    // [ATT_WARPS][g][D]
     float* wml = wo + ATT_WARPS * gd;       // [ATT_WARPS][g][2]
-    __shared__ __align__(16) bf16 kv_new[2 * 128];  // decode: the new position's k and v, as cached
+    __shared__ __align__(16) bf16 kv_new[2 * MAX_HEAD_DIM];  // decode: the new position's k and v, as cached
     const size_t head_stride = (size_t)block_size * head_dim;
     const size_t block_stride = (size_t)num_kv_heads * head_stride;
     const bf16* kbase = k_cache + (size_t)kvh * head_stride;

@@ -20,9 +20,8 @@
 // one-row-per-warp kernel still used for mode 5 (scripts/gemv-bench): 10-20% faster at batch 1,
 // 25-35% at batch 8.
 //
-// Requires cols % 8 == 0 and 16-byte aligned rows (host-checked).
-
-#define GEMV_WARPS 8
+// Requires cols % 8 == 0 and 16-byte aligned rows (host-checked). GEMV_WARPS (warps per block)
+// and GEMV_MMA_U (below) are plan.rs's, defined by the engine (-D).
 
 __device__ __forceinline__ void fma8(float& acc, uint4 w, float4 a, float4 b) {
     acc = fmaf(bf_lo(w.x), a.x, acc);
@@ -391,8 +390,7 @@ GEMV_STREAM_MODES(8, 2)
 // 8B's o and down (the whole step 0.4-1.2% faster with them here), at batch 8 3.3x (o) and 3.7x
 // (down) faster; the 1B's smaller matrices and the 8B's q/k/v and gate/up are slower at batch 1,
 // so they stay on the CUDA cores (plan.rs gemv_launch). Needs rows % 16 == 0 and
-// cols % (32 U ksplit) == 0.
-#define GEMV_MMA_U 4
+// cols % (32 U ksplit) == 0; U is GEMV_MMA_U (plan.rs MMA_U).
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                          unsigned b0, unsigned b1) {

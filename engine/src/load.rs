@@ -26,13 +26,33 @@ pub struct LoadOptions {
     pub max_batch: usize,
 }
 
-pub fn load(opts: &LoadOptions) -> Result<Engine> {
-    let is_cuda = opts.device.starts_with("cuda");
-    if opts.device != "cpu" && crate::cuda::backend::ordinal(&opts.device).is_none() {
-        return Err(Error::Config {
-            message: format!("device {:?} is not one of cpu, cuda, cuda:N", opts.device),
-        });
+/// The compute device named by `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// Parses `cpu`, `cuda` (ordinal 0) and `cuda:N`.
+    pub fn parse(device: &str) -> Result<Self> {
+        match device {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            d => d
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| Error::Config {
+                    message: format!("device {device:?} is not one of cpu, cuda, cuda:N"),
+                }),
+        }
     }
+}
+
+pub fn load(opts: &LoadOptions) -> Result<Engine> {
+    let device = Device::parse(&opts.device)?;
     let cfg = ModelConfig::load(&opts.model)?;
     let ckpt = Checkpoint::open(&opts.model)?;
     ckpt.validate(&cfg)?;
@@ -46,11 +66,11 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         (None, Some(b)) => Some(PoolSize::Bytes(b)),
         (None, None) => None,
     };
-    let backend: Box<dyn Backend> = if is_cuda {
+    let backend: Box<dyn Backend> = if let Device::Cuda(ordinal) = device {
         Box::new(CudaBackend::load(
             &cfg,
             &ckpt,
-            &opts.device,
+            ordinal,
             opts.block_size,
             size,
             opts.max_batch,
@@ -83,4 +103,23 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "vocab_size": cfg.vocab_size,
         "eos_token_ids": cfg.eos_token_ids,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+
+    #[test]
+    fn devices_parse_and_others_are_named() {
+        assert_eq!(Device::parse("cpu"), Ok(Device::Cpu));
+        assert_eq!(Device::parse("cuda"), Ok(Device::Cuda(0)));
+        assert_eq!(Device::parse("cuda:3"), Ok(Device::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda3", "CPU"] {
+            let e = Device::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{bad:?} is not one of cpu, cuda, cuda:N")),
+                "{e}"
+            );
+        }
+    }
 }

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{self, Ptx};
 use sha2::{Digest, Sha256};
 
+use super::plan;
 use crate::error::{Error, Result};
 
 /// `common.cuh` first, then every kernel file: one program, one module.
@@ -39,15 +40,23 @@ pub fn names() -> Vec<&'static str> {
     SOURCES.iter().skip(1).map(|(n, _)| *n).collect()
 }
 
+/// NVRTC's options: the architecture, exact arithmetic, and the constants the kernels share with
+/// plan.rs as `-D` defines.
 fn options(arch: &str) -> Vec<String> {
-    vec![
+    let mut opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         // Exact division and square root: the CPU reference is compared token for token.
         "--prec-div=true".into(),
         "--prec-sqrt=true".into(),
         "--fmad=true".into(),
-    ]
+    ];
+    opts.extend(
+        plan::KERNEL_DEFINES
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
+    opts
 }
 
 /// Compiles the program to a cubin for `arch` (e.g. "sm_90").
@@ -184,6 +193,7 @@ pub fn nvrtc_present() -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::plan::GemvMode;
     use super::*;
 
     /// Compiles every kernel for Hopper wherever NVRTC can be loaded (no GPU needed);
@@ -201,14 +211,11 @@ mod tests {
         }
         let cubin = compile("sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
-        // Every kernel the backend looks up by name (backend.rs Funcs::load) is in the image.
+        // Every kernel the backend looks up by name (load.rs Funcs::load) is in the image.
         let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
-        for mode in crate::cuda::plan::GEMV_MODES {
-            for b in 1..=crate::cuda::plan::MAX_GEMV_BATCH {
-                assert!(
-                    has(&format!("gemv_m{mode}_b{b}")),
-                    "gemv_m{mode}_b{b} missing"
-                );
+        for mode in GemvMode::ALL {
+            for b in 1..=plan::MAX_GEMV_BATCH {
+                assert!(has(&mode.kernel(b)), "{} missing", mode.kernel(b));
             }
         }
         let attention = (0..=3).map(|p| format!("attention_g{}", 1 << p));
@@ -222,6 +229,27 @@ mod tests {
         for name in attention.chain(others.iter().map(|s| s.to_string())) {
             assert!(has(&name), "{name} missing");
         }
+    }
+
+    /// The shared constants are defined once, in plan.rs: no kernel file defines them, and
+    /// scripts/gemv-bench, which compiles the same program, passes the same `-D` options.
+    #[test]
+    fn shared_constants_come_from_plan_only() {
+        for (file, text) in SOURCES {
+            for (name, _) in plan::KERNEL_DEFINES {
+                assert!(
+                    !text.contains(&format!("#define {name}")),
+                    "{file} defines {name}; it is plan.rs's, passed as -D{name}"
+                );
+            }
+        }
+        let bench = include_str!("../../../scripts/gemv-bench/compile.py");
+        for (name, value) in plan::KERNEL_DEFINES {
+            let want = format!("\"-D{name}={value}\"");
+            assert!(bench.contains(&want), "compile.py lacks {want}");
+        }
+        let opts = options("sm_90");
+        assert!(opts.contains(&format!("-DATT_MAX_SPLITS={}", plan::MAX_SPLITS)));
     }
 
     #[test]
