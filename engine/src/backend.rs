@@ -55,9 +55,8 @@ pub trait Backend {
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>>;
 
     /// As [`Backend::prefill`], through the same computation, and scores the next-token
-    /// distribution against `forced`.
-    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, forced: u32)
-        -> Result<Scored>;
+    /// distribution against `next`, the first forced token.
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored>;
 
     /// As [`Backend::decode`], through the same step, and scores each item's next-token
     /// distribution against `forced[i]`, the token the next step feeds in its place.

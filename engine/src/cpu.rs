@@ -304,13 +304,8 @@ impl Backend for CpuBackend {
             .collect())
     }
 
-    fn prefill_scored(
-        &mut self,
-        tokens: &[u32],
-        table: &BlockTable,
-        forced: u32,
-    ) -> Result<Scored> {
-        Ok(Scored::of(&self.next_logits(tokens, table), forced))
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
+        Ok(Scored::of(&self.next_logits(tokens, table), next))
     }
 
     fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>> {

@@ -215,16 +215,11 @@ impl Backend for CudaBackend {
         Ok(toks.into_iter().map(|t| t as u32).collect())
     }
 
-    fn prefill_scored(
-        &mut self,
-        tokens: &[u32],
-        table: &BlockTable,
-        forced: u32,
-    ) -> Result<Scored> {
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
         self.verify_bufs()?;
         self.prefill_forward(tokens, table)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
-        Ok(self.score(1, pf.last_xn.ptr, pf.token.ptr, &[forced])?[0])
+        Ok(self.score(1, pf.last_xn.ptr, pf.token.ptr, &[next])?[0])
     }
 
     /// The same graph (or kernels) as `decode`, then the scoring kernels after it; the device's
