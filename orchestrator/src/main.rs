@@ -3,10 +3,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use orchestrator::clock::{self, Said};
-use orchestrator::compare::{self, Spec, Thresholds};
+use orchestrator::compare;
 use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
+use orchestrator::numbers::regress::{self, Thresholds};
+use orchestrator::record::select::Spec;
+use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::preflight;
@@ -262,8 +265,8 @@ fn main() -> ExitCode {
             match result {
                 Ok(c) => {
                     match format {
-                        Format::Table => print!("{}", compare::render_terminal(&c)),
-                        Format::Markdown => print!("{}", compare::render_markdown(&c)),
+                        Format::Table => print!("{}", render::compare::terminal(&c)),
+                        Format::Markdown => print!("{}", render::compare::markdown(&c)),
                         Format::Json => println!(
                             "{}",
                             serde_json::to_string_pretty(&c).expect("a comparison serializes")
@@ -273,7 +276,7 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("orchestrator compare: {e}");
-                    code(compare::EXIT_ERROR)
+                    code(regress::EXIT_ERROR)
                 }
             }
         }
