@@ -4,11 +4,15 @@
 //! survives a change of machine, the absolute figure the one a user feels. docs/REPORT.md
 //! states the rules; render/compare.rs draws the result.
 
+use std::path::Path;
+
 use crate::numbers::regress::{
     judge, ratios, Comparison, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
     EXIT_OK, EXIT_REGRESSED,
 };
-use crate::record::archive::{AxisView, RecordView, SampleView, Stored, TimingsView};
+use crate::record::archive::{
+    self, AxisView, RecordView, Rejected, SampleView, Stored, TimingsView,
+};
 use crate::record::select::{differences, resolve, Spec};
 
 fn side(s: &Stored) -> Side {
@@ -246,4 +250,29 @@ pub fn compare(
         unpaired,
         exit_status,
     })
+}
+
+/// `compare BASE HEAD` over the records under `records` (not read when both sides are record
+/// files). Also returns the files under `records` that are not readable records, to be named
+/// whatever the outcome.
+pub fn run(
+    base: &str,
+    head: &str,
+    records: &Path,
+    t: &Thresholds,
+    allow_different_hosts: bool,
+) -> (Vec<Rejected>, Result<Comparison, String>) {
+    let (base, head) = (Spec::parse(base), Spec::parse(head));
+    let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
+        Ok((vec![], vec![]))
+    } else {
+        archive::load_dir(records)
+    };
+    match loaded {
+        Ok((recs, rejected)) => (
+            rejected,
+            compare(&base, &head, &recs, t, allow_different_hosts),
+        ),
+        Err(e) => (vec![], Err(e)),
+    }
 }
