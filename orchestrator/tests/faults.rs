@@ -558,6 +558,32 @@ fn kv_match_oracle_sets_its_override() {
 }
 
 #[test]
+fn an_oracle_that_names_no_resize_option_is_not_restarted_and_the_pools_are_refused() {
+    let f = Fixture::new(
+        "--kv=16,64",
+        "--kv=16,32 --resizable --no-resize-option",
+        "[gates]\nkv_match = \"oracle\"\n",
+    );
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(rec["legs"]["oracle"]["prior_starts"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let s = gate(&rec, "kv", None)["sentence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.contains(
+            "even after trying to restart the oracle, whose ready.kv names no resize_option"
+        ) && s.contains("oracle the option that sizes its pool)"),
+        "{s}"
+    );
+}
+
+#[test]
 fn degraded_build_on_the_wrong_backend_is_refused() {
     let f = Fixture::new("--backend=cuda --degraded=flash_attn,cublaslt", "", "");
     let (out, rec) = f.run();

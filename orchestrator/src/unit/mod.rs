@@ -14,8 +14,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use config::{
-    Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleBackend, OracleCfg,
-    SamplerCfg, UnitFile, WatchdogCfg,
+    Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleCfg, SamplerCfg, UnitFile,
+    WatchdogCfg,
 };
 pub use data::{
     load_golden, load_prompts, Golden, GoldenCapture, GoldenOutput, Prompt, PromptsFile,
