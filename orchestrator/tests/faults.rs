@@ -212,7 +212,16 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
         // Files beside the record are named relative to its directory.
         let name = s["series"].as_str().unwrap();
         assert!(!name.contains('/'), "{name}");
-        let series = std::fs::read_to_string(f.path("records/fake").join(name)).unwrap();
+        // Compressed beside the record (docs/RECORD.md).
+        assert!(name.ends_with(".samples.jsonl.gz"), "{name}");
+        let mut series = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                std::fs::File::open(f.path("records/fake").join(name)).unwrap(),
+            ),
+            &mut series,
+        )
+        .unwrap();
         assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
         for p in ["load", "warmup", "battery", "shutdown"] {
             // Phase rows end with their phase; host rows go on to rss_bytes.

@@ -184,7 +184,7 @@ pub fn leg_spec(
         },
         nvml_period_ms: sc.nvml_period_ms,
         host_period_ms: sc.host_period_ms,
-        series: Some(beside("samples.jsonl")),
+        series: Some(beside("samples.jsonl.gz")),
     };
     let mut env = vec![(
         "PYTHONPATH".to_string(),
