@@ -209,14 +209,11 @@ pub fn leg_spec(
 mod tests {
     use super::*;
 
-    const UNIT: &str = r#"
-name = "t"
-model = "model"
-[battery]
-prompts = "prompts.json"
-[[golden]]
-file = "golden.json"
-[engine]
+    /// A minimal unit with an engine on GPU 1 and a vLLM oracle with options.
+    fn unit() -> Unit {
+        let text = crate::unit::tests::MINIMAL.replace(
+            "[oracle]\nbackend = \"transformers\"\n",
+            r#"[engine]
 device = "cuda:1"
 block_size = 16
 kv_cache_memory = 1000000
@@ -229,11 +226,14 @@ enforce_eager = true
 seed = 0
 gpu_memory_utilization = 0.3
 attention_backend = "FLASH_ATTN"
-"#;
+"#,
+        );
+        Unit::parse(Path::new("/u/unit.toml"), &text).unwrap()
+    }
 
     #[test]
     fn argv_follow_the_legs_command_lines() {
-        let u = Unit::parse(Path::new("/u/unit.toml"), UNIT).unwrap();
+        let u = unit();
         let e = engine_argv(&u, Path::new("/r/engine"), None).join(" ");
         assert_eq!(e, "/r/engine serve --model /u/model --device cuda:1 --block-size 16 --kv-cache-memory 1000000");
         // A kv resize replaces the byte budget by a block count.

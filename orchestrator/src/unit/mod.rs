@@ -213,10 +213,11 @@ pub fn device_kind(device: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    /// The smallest unit that parses: every other key takes its default.
+    pub const MINIMAL: &str = r#"
 name = "t"
 model = "model"
 [battery]

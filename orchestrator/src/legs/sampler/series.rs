@@ -84,6 +84,25 @@ impl Row {
     }
 }
 
+impl Row {
+    /// A GPU poll of `sm_mhz` with nothing else reported (tests fill in what they need).
+    #[cfg(test)]
+    pub fn poll(t_us: u64, phase: &str, sm_mhz: Option<u32>) -> Row {
+        Row::Gpu {
+            t_us,
+            phase: phase.into(),
+            sm_mhz,
+            mem_mhz: None,
+            power_mw: None,
+            temp_c: None,
+            throttle: None,
+            persistence: None,
+            used_bytes: None,
+            procs: None,
+        }
+    }
+}
+
 /// Writes the series, never over an existing file: gzip-compressed when the file name ends in
 /// `.gz` (a run's series: `<stem>.<leg>.samples.jsonl.gz`), else plain JSON lines.
 pub fn write_series(path: &Path, rows: &[Row]) -> std::io::Result<()> {
