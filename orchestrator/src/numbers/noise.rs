@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::table::fmt_num;
-use crate::timing::{median, Timings};
+use crate::numbers::timing::Timings;
+use crate::util::fmt::fmt_num;
+use ::stats::median;
 
 /// One axis of one leg: its per-repeat figures in pass order and their spread.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +119,13 @@ impl LegNoise {
             format!("{leg}: {}", parts.join("; "))
         }
     }
+}
+
+/// Each leg's A/A noise in a sentence, then "so" whether the per-token gap beats it.
+pub fn lines(engine: &LegNoise, oracle: &LegNoise, ratio: Option<f64>) -> Vec<String> {
+    let mut v = vec![engine.sentence("engine"), oracle.sentence("oracle")];
+    v.extend(verdict(ratio, engine, oracle).map(|s| format!("so {s}")));
+    v
 }
 
 /// Whether the per-token ratio's gap stands outside both legs' own spread, in words; None

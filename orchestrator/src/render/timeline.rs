@@ -2,12 +2,12 @@
 //! the GPU utilization over time, the phases shaded, and the run's refusals written under it.
 //! Hand-written SVG: a few rectangles and polylines do not justify a plotting dependency.
 
-use crate::svg::esc;
+use crate::render::svg::esc;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::leg::LegRecord;
-use crate::sampler::{self, Row};
+use crate::legs::sampler::{self, Row};
+use crate::legs::LegRecord;
 
 const W: f64 = 1000.0;
 const PANEL_H: f64 = 220.0;
@@ -113,7 +113,11 @@ fn panel(svg: &mut String, y0: f64, title: &str, rows: &[Row], no_gpu: Option<&s
             line.join(" ")
         );
     }
-    // Axes: MHz on the left, percent on the right, seconds below.
+    axis_labels(svg, top, sm_max, span);
+}
+
+/// Axes: MHz on the left, percent on the right, seconds below.
+fn axis_labels(svg: &mut String, top: f64, sm_max: f64, span: f64) {
     let _ = writeln!(
         svg,
         r##"<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">{:.0} MHz</text><text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">0</text>"##,
@@ -200,9 +204,14 @@ pub fn render(legs: &[(&str, Vec<Row>, Option<String>)], refusals: &[String]) ->
     svg
 }
 
-/// Reads each leg's series (a leg without one gets an empty panel saying why) and writes the
-/// picture to `path`, never over an existing file.
-pub fn write(path: &Path, legs: &[&LegRecord], refusals: &[String]) -> std::io::Result<()> {
+/// Reads each leg's series (a leg without one gets an empty panel saying why; a series named
+/// relative is read under `dir`) and writes the picture to `path`, never over an existing file.
+pub fn write(
+    path: &Path,
+    dir: &Path,
+    legs: &[&LegRecord],
+    refusals: &[String],
+) -> std::io::Result<()> {
     let data: Vec<(&str, Vec<Row>, Option<String>)> = legs
         .iter()
         .map(|l| {
@@ -210,7 +219,7 @@ pub fn write(path: &Path, legs: &[&LegRecord], refusals: &[String]) -> std::io::
                 .sampler
                 .series
                 .as_deref()
-                .and_then(|p| sampler::read_series(p).ok())
+                .and_then(|p| sampler::read_series(&dir.join(p)).ok())
                 .unwrap_or_default();
             (l.leg.as_str(), rows, l.sampler.no_gpu.clone())
         })
@@ -233,18 +242,7 @@ mod tests {
             phase: "battery".into(),
         });
         for i in 0..50u64 {
-            rows.push(Row::Gpu {
-                t_us: i * 20_000,
-                phase: "battery".into(),
-                sm_mhz: Some(1980),
-                mem_mhz: None,
-                power_mw: None,
-                temp_c: None,
-                throttle: None,
-                persistence: None,
-                used_bytes: None,
-                procs: None,
-            });
+            rows.push(Row::poll(i * 20_000, "battery", Some(1980)));
             rows.push(Row::Util {
                 t_us: i * 20_000,
                 phase: "battery".into(),

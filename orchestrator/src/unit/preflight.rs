@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::record;
 use crate::unit::{self, Golden, Prompt, Unit};
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
@@ -58,22 +57,37 @@ pub struct Checked {
 pub struct Report {
     pub lines: Vec<String>,
     pub failures: Vec<CheckFailure>,
+    /// Each line also goes to stderr as it is decided.
+    print: bool,
 }
 
 impl Report {
+    fn say(&mut self, line: String) {
+        if self.print {
+            eprintln!("[check] {line}");
+        }
+        self.lines.push(line);
+    }
     fn ok(&mut self, check: &str, what: String) {
-        self.lines.push(format!("ok   {check}: {what}"));
+        self.say(format!("ok   {check}: {what}"));
     }
     fn fail(&mut self, check: &'static str, message: String) {
-        self.lines.push(format!("FAIL {check}: {message}"));
+        self.say(format!("FAIL {check}: {message}"));
         self.failures.push(CheckFailure { check, message });
+    }
+    fn check(&mut self, check: &'static str, r: Result<String, String>) {
+        match r {
+            Ok(what) => self.ok(check, what),
+            Err(m) => self.fail(check, m),
+        }
     }
 }
 
 /// The project root: the git top-level holding the unit, else the one holding the current
 /// directory (a unit outside the repository, as in tests).
 pub fn find_project_root(unit_dir: &Path) -> Option<PathBuf> {
-    record::project_root(unit_dir).or_else(|| record::project_root(Path::new(".")))
+    crate::util::git::project_root(unit_dir)
+        .or_else(|| crate::util::git::project_root(Path::new(".")))
 }
 
 /// Runs every check (not stopping at the first failure, so one pass shows everything to fix).
@@ -86,23 +100,15 @@ pub fn preflight(
     let mut rep = Report {
         lines: vec![],
         failures: vec![],
-    };
-    let say = |rep: &Report| {
-        if print {
-            if let Some(l) = rep.lines.last() {
-                eprintln!("[check] {l}");
-            }
-        }
+        print,
     };
     let unit = match Unit::load(unit_path) {
         Ok(u) => {
             rep.ok("unit", format!("{} parses", unit_path.display()));
-            say(&rep);
             u
         }
         Err(e) => {
             rep.fail("unit", e.to_string());
-            say(&rep);
             return (rep, None);
         }
     };
@@ -114,75 +120,38 @@ pub fn preflight(
                 unit.dir.display()
             ),
         );
-        say(&rep);
         return (rep, None);
     };
-
     let prompts = match unit::load_prompts(&unit.prompts_path()) {
         Ok(p) => {
             rep.ok("prompts", format!("{} prompt(s), schema 1", p.len()));
-            say(&rep);
             Some(p)
         }
         Err(e) => {
             rep.fail("prompts", e.to_string());
-            say(&rep);
             None
         }
     };
-
-    match check_model(&unit.model_dir()) {
-        Ok(what) => rep.ok("model", what),
-        Err(m) => rep.fail("model", m),
-    }
-    say(&rep);
-
-    let mut goldens = BTreeMap::new();
-    if let Some(prompts) = &prompts {
-        for g in &unit.config.golden {
-            let path = unit.resolve(&g.file);
-            match unit::load_golden(&path, &unit.config.battery, prompts) {
-                Ok(gold) => {
-                    rep.ok(
-                        "golden",
-                        format!(
-                            "{} ({} outputs, {} tokens, captured by {} on {} {})",
-                            g.file.display(),
-                            gold.outputs.len(),
-                            gold.max_tokens,
-                            gold.capture.backend.as_deref().unwrap_or("?"),
-                            gold.capture.device.as_deref().unwrap_or("?"),
-                            gold.capture.dtype.as_deref().unwrap_or("?")
-                        ),
-                    );
-                    goldens.insert(g.file.clone(), gold);
-                }
-                Err(e) => rep.fail("golden", e.to_string()),
-            }
-            say(&rep);
-        }
-    }
-
+    rep.check("model", check_model(&unit.model_dir()));
+    let goldens = match &prompts {
+        Some(p) => load_goldens(&mut rep, &unit, p),
+        None => BTreeMap::new(),
+    };
     let engine_binary = unit.engine_binary(&root);
-    match check_executable(&engine_binary) {
-        Ok(()) => rep.ok("engine", format!("{} is executable", engine_binary.display())),
-        Err(m) => rep.fail(
-            "engine",
-            format!(
+    rep.check(
+        "engine",
+        check_executable(&engine_binary)
+            .map(|()| format!("{} is executable", engine_binary.display()))
+            .map_err(|m| format!(
                 "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
                 root.display()
-            ),
-        ),
-    }
-    say(&rep);
-
+            )),
+    );
     let python = oracle_python(&unit, python_cli);
-    match check_oracle(&python, unit.config.oracle.backend.as_str(), &root) {
-        Ok(what) => rep.ok("oracle", what),
-        Err(m) => rep.fail("oracle", m),
-    }
-    say(&rep);
-
+    rep.check(
+        "oracle",
+        check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+    );
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,
         project_root: root,
@@ -192,6 +161,33 @@ pub fn preflight(
         python,
     });
     (rep, checked)
+}
+
+/// Each `[[golden]]` of the unit, loaded and checked against the battery, by its file name.
+fn load_goldens(rep: &mut Report, unit: &Unit, prompts: &[Prompt]) -> BTreeMap<PathBuf, Golden> {
+    let mut goldens = BTreeMap::new();
+    for g in &unit.config.golden {
+        let path = unit.resolve(&g.file);
+        match unit::load_golden(&path, &unit.config.battery, prompts) {
+            Ok(gold) => {
+                rep.ok(
+                    "golden",
+                    format!(
+                        "{} ({} outputs, {} tokens, captured by {} on {} {})",
+                        g.file.display(),
+                        gold.outputs.len(),
+                        gold.max_tokens,
+                        gold.capture.backend.as_deref().unwrap_or("?"),
+                        gold.capture.device.as_deref().unwrap_or("?"),
+                        gold.capture.dtype.as_deref().unwrap_or("?")
+                    ),
+                );
+                goldens.insert(g.file.clone(), gold);
+            }
+            Err(e) => rep.fail("golden", e.to_string()),
+        }
+    }
+    goldens
 }
 
 fn check_executable(p: &Path) -> Result<(), String> {
@@ -450,6 +446,24 @@ mod tests {
         b.extend(h);
         b.extend([0u8; 4]);
         std::fs::write(p, b).unwrap();
+    }
+
+    /// The backends are the oracle's list (oracle/backends/__init__.py), not a second one here:
+    /// a unit names any backend, and the oracle's own check refuses one it does not serve.
+    #[test]
+    fn an_unknown_backend_is_refused_by_the_oracles_own_check() {
+        let unit = Unit::parse(
+            Path::new("/x/unit.toml"),
+            "name = \"t\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\n[[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"tensorrt\"\n",
+        )
+        .unwrap();
+        assert_eq!(unit.config.oracle.backend, "tensorrt");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let e = check_oracle("python3", &unit.config.oracle.backend, root).unwrap_err();
+        assert!(
+            e.contains("invalid choice") && e.contains("tensorrt") && e.contains("vllm"),
+            "{e}"
+        );
     }
 
     #[test]
