@@ -1,6 +1,9 @@
 //! The token gate: each leg's tokens against the golden that applies to it, as grand totals over
 //! every battery repeat and batch size, so a leg that matched once and diverged later cannot pass.
 
+pub mod forced;
+pub mod tolerance;
+
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -256,12 +259,14 @@ mod tests {
                     tokens: vec![1, 2, 3, 4],
                     margins: Some(vec![Some(1.0), Some(1.0), Some(0.0001), Some(1.0)]),
                     runner_up: None,
+                    scales: None,
                 },
                 GoldenOutput {
                     id: "p1".into(),
                     tokens: vec![5, 6, 7, 8],
                     margins: None,
                     runner_up: None,
+                    scales: None,
                 },
             ],
         }
@@ -383,6 +388,9 @@ mod tests {
             gpu_stragglers: vec![],
             gpu_checked: false,
             prior_starts: vec![],
+            verify: vec![],
+            host_probe: None,
+            not_run: None,
         }
     }
 

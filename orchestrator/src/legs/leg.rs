@@ -15,6 +15,9 @@ use crate::legs::sampler::{HostMemSummary, LegSampler, SamplerReport, SamplerSpe
 use crate::legs::watchdog::{self, GpuStraggler, Phase, Straggler, WatchdogKill};
 use crate::unit::WatchdogCfg;
 
+mod verify;
+pub use crate::legs::verified::{Differ, VerifiedRow, VerifyPlan, VerifyRecord};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum LegName {
@@ -185,6 +188,16 @@ pub struct LegRecord {
     /// Starts before this one (a kv resize restarts the leg).
     #[serde(default)]
     pub prior_starts: Vec<PriorStart>,
+    /// The token gate's teacher-forced requests, after the battery (none where every batch size
+    /// is held to exact match, and in records written before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verify: Vec<VerifyRecord>,
+    /// The host probe timed just before the leg started (legs/host_probe.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_probe: Option<crate::legs::host_probe::HostProbe>,
+    /// Why the leg was not run at all (`run --legs`), when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
 }
 
 impl LegRecord {
@@ -353,6 +366,7 @@ fn event_name(e: &Event) -> String {
     match e {
         Event::Ready(_) => "a ready event".into(),
         Event::Result(r) => format!("a result for request {:?}", r.id),
+        Event::Verified(v) => format!("a verified for request {:?}", v.id),
         Event::Done(d) => format!("done for request {:?}", d.id),
         Event::Error(_) => "an error event".into(),
     }
@@ -391,6 +405,9 @@ impl LegRecord {
             gpu_stragglers: vec![],
             gpu_checked: false,
             prior_starts: vec![],
+            verify: vec![],
+            host_probe: None,
+            not_run: None,
         }
     }
 }

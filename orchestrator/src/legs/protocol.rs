@@ -79,6 +79,21 @@ pub struct PromptResult {
     pub ttft_s: Option<f64>,
 }
 
+/// One prompt of a `verify` (teacher forcing): per forced position, the leg's greedy choice, the
+/// gap between its top logit and its logit for the forced token, and the largest |logit|. JSON has
+/// no NaN: a leg writes a non-finite `gap` or `scale` as `null`, read here as None.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verified {
+    pub id: String,
+    pub index: usize,
+    pub argmax: Vec<u32>,
+    pub gap: Vec<Option<f64>>,
+    /// None: the leg cannot know it (vLLM's log-probs); an entry None: not finite.
+    #[serde(default)]
+    pub scale: Option<Vec<Option<f64>>>,
+    pub path: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Done {
     pub id: String,
@@ -103,6 +118,7 @@ pub struct ErrorEvent {
 pub enum Event {
     Ready(Box<Ready>),
     Result(PromptResult),
+    Verified(Verified),
     Done(Done),
     Error(ErrorEvent),
 }
@@ -147,6 +163,9 @@ pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
         "result" => Ok(Event::Result(
             serde_json::from_value(v.clone()).map_err(bad)?,
         )),
+        "verified" => Ok(Event::Verified(
+            serde_json::from_value(v.clone()).map_err(bad)?,
+        )),
         "done" => Ok(Event::Done(serde_json::from_value(v.clone()).map_err(bad)?)),
         "error" => Ok(Event::Error(
             serde_json::from_value(v.clone()).map_err(bad)?,
@@ -186,6 +205,14 @@ pub fn generate_line(
     s
 }
 
+/// The `verify` request: teacher forcing, untimed (docs/PROTOCOL.md).
+pub fn verify_line(id: &str, prompts: &[Vec<u32>], forced: &[Vec<u32>], batch: u32) -> String {
+    let v = serde_json::json!({
+        "type": "verify", "id": id, "prompts": prompts, "forced": forced, "batch": batch,
+    });
+    format!("{v}\n")
+}
+
 pub const SHUTDOWN_LINE: &str = "{\"type\":\"shutdown\"}\n";
 
 #[cfg(test)]
@@ -208,5 +235,20 @@ mod tests {
             parse_event(r#"{"type":"result","id":"x"}"#),
             Err(LineProblem::BadFields(..))
         ));
+    }
+
+    #[test]
+    fn verified_reads_null_as_not_finite_and_a_missing_scale_as_unknown() {
+        let e = parse_event(r#"{"type":"verified","id":"v","index":1,"argmax":[3,0],"gap":[0.0,null],"scale":[2.5,null],"path":"decode"}"#).unwrap();
+        let Event::Verified(v) = e else { panic!() };
+        assert_eq!(v.gap, vec![Some(0.0), None]);
+        assert_eq!(v.scale, Some(vec![Some(2.5), None]));
+        let e = parse_event(r#"{"type":"verified","id":"v","index":0,"argmax":[3],"gap":[0.5],"scale":null,"path":"prefill"}"#).unwrap();
+        let Event::Verified(v) = e else { panic!() };
+        assert_eq!((v.scale, v.path.as_str()), (None, "prefill"));
+        assert_eq!(
+            verify_line("v8", &[vec![1, 2]], &[vec![3]], 8),
+            "{\"batch\":8,\"forced\":[[3]],\"id\":\"v8\",\"prompts\":[[1,2]],\"type\":\"verify\"}\n"
+        );
     }
 }

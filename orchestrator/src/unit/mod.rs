@@ -264,6 +264,9 @@ pub struct WatchdogCfg {
     pub warmup_s: f64,
     #[serde(default = "default_battery_s")]
     pub battery_s: f64,
+    /// The token gate's teacher-forced pass after the battery (docs/GATES.md, token).
+    #[serde(default = "default_verify_s")]
+    pub verify_s: f64,
     #[serde(default = "default_shutdown_s")]
     pub shutdown_s: f64,
     /// Seconds between SIGTERM and SIGKILL of a leg's process group.
@@ -277,6 +280,7 @@ impl Default for WatchdogCfg {
             load_s: default_load_s(),
             warmup_s: default_warmup_s(),
             battery_s: default_battery_s(),
+            verify_s: default_verify_s(),
             shutdown_s: default_shutdown_s(),
             grace_s: default_grace_s(),
         }
@@ -351,6 +355,9 @@ fn default_warmup_s() -> f64 {
 }
 fn default_battery_s() -> f64 {
     3600.0
+}
+fn default_verify_s() -> f64 {
+    600.0
 }
 fn default_shutdown_s() -> f64 {
     30.0
@@ -453,6 +460,7 @@ impl Unit {
             ("load_s", c.watchdog.load_s),
             ("warmup_s", c.watchdog.warmup_s),
             ("battery_s", c.watchdog.battery_s),
+            ("verify_s", c.watchdog.verify_s),
             ("shutdown_s", c.watchdog.shutdown_s),
             ("grace_s", c.watchdog.grace_s),
         ] {
@@ -603,6 +611,10 @@ pub struct GoldenOutput {
     /// before it was recorded have none).
     #[serde(default)]
     pub runner_up: Option<Vec<Option<u32>>>,
+    /// The largest |logit| per position, where the golden records it (none of today's goldens
+    /// do): the token gate's last resort for a position's scale (docs/GATES.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<Vec<Option<f64>>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
