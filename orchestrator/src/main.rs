@@ -2,11 +2,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use orchestrator::clock::{self, Said};
 use orchestrator::compare::{self, Spec, Thresholds};
-use orchestrator::gates::clock::{self, ClockCfg};
+use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
-use orchestrator::legs::sampler;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::preflight;
@@ -150,6 +150,20 @@ fn code(c: i32) -> ExitCode {
     ExitCode::from(c.clamp(0, 255) as u8)
 }
 
+/// A clock command's stdout and exit status, or its error on stderr and exit 2.
+fn said(what: &str, r: Result<Said, String>) -> ExitCode {
+    match r {
+        Ok(s) => {
+            print!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            eprintln!("orchestrator {what}: {e}");
+            code(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
@@ -160,16 +174,28 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
-        } => code(run::run(
-            &unit,
-            &RunOptions {
+        } => {
+            let opts = RunOptions {
                 records_dir,
                 lock_dir,
                 no_wait,
                 python,
                 quiet,
-            },
-        )),
+            };
+            match run::run(&unit, &opts) {
+                Ok(o) => {
+                    for w in &o.warnings {
+                        eprintln!("orchestrator: {w}");
+                    }
+                    print!("{}", o.summary);
+                    code(o.exit_status)
+                }
+                Err(e) => {
+                    eprintln!("orchestrator: {e}");
+                    code(run::EXIT_ERROR)
+                }
+            }
+        }
         Cmd::Check { unit, python } => {
             let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
             for l in &report.lines {
@@ -272,16 +298,19 @@ fn main() -> ExitCode {
                     out,
                     period_ms,
                 },
-        } => code(sampler::sample_command(seconds, gpu, &out, period_ms)),
+        } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
-        } => code(clock::compare_command(
-            &a,
-            &b,
-            &ClockCfg {
-                basis,
-                ..ClockCfg::default()
-            },
-        )),
+        } => said(
+            "clock compare",
+            clock::compare(
+                &a,
+                &b,
+                &ClockCfg {
+                    basis,
+                    ..ClockCfg::default()
+                },
+            ),
+        ),
     }
 }

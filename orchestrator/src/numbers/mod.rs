@@ -2,6 +2,7 @@
 //! leg's A/A noise, and the statistics `compare` rests on.
 
 pub mod axes;
+pub mod explain;
 pub mod noise;
 pub mod stats;
 pub mod timing;

@@ -2,6 +2,7 @@
 //! and ratio-history pictures.
 
 pub mod chart;
+pub mod run;
 pub mod svg;
 pub mod table;
 pub mod timeline;

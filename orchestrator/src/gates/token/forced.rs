@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 use super::tolerance::{self, Dtype, ULPS_PER_SIDE};
-use crate::legs::leg::LegName;
 use crate::legs::verified::{Differ, VerifyRecord};
+use crate::legs::LegName;
 use crate::legs::LegRecord;
 use crate::unit::{Golden, GoldenOutput};
 use crate::util::fmt::fmt_num;
@@ -382,7 +382,7 @@ mod tests {
     /// A leg whose verify at each batch size in `batches` agrees everywhere except `differ`
     /// (on prompt p0), reporting `scale` at every position.
     fn leg(name: LegName, batches: &[u32], differ: Vec<Differ>, scale: Option<f64>) -> LegRecord {
-        let spec = crate::legs::leg::LegSpec {
+        let spec = crate::legs::spec::LegSpec {
             leg: name,
             argv: vec![],
             cwd: ".".into(),

@@ -5,9 +5,11 @@
 
 use std::time::Instant;
 
-use super::{event_name, Fault, LegProcess, LegRun, PhaseTime};
+use super::LegRun;
+use crate::legs::process::{event_name, Fault, LegProcess};
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{self, Event};
+use crate::legs::record::PhaseTime;
 use crate::legs::verified::{VerifiedRow, VerifyPlan, VerifyRecord};
 use crate::legs::watchdog::Phase;
 
