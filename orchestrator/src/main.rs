@@ -9,7 +9,7 @@ use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
-use orchestrator::unit::preflight;
+use orchestrator::unit::{preflight, LegChoice};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -41,6 +41,10 @@ enum Cmd {
         /// No progress lines on stderr.
         #[arg(long, short)]
         quiet: bool,
+        /// Which legs to run: "engine", "oracle" or "both". With one, the gates that need the
+        /// other say "not applicable" and why (a planted-fault run needs only the engine).
+        #[arg(long, default_value = "both", value_parser = LegChoice::parse)]
+        legs: LegChoice,
     },
     /// Preflight alone: unit, prompts, model, goldens, engine binary, `python -m oracle check`.
     Check {
@@ -174,6 +178,7 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
+            legs,
         } => {
             let opts = RunOptions {
                 records_dir,
@@ -181,6 +186,7 @@ fn main() -> ExitCode {
                 no_wait,
                 python,
                 quiet,
+                legs,
             };
             match run::run(&unit, &opts) {
                 Ok(o) => {

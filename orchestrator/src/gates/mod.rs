@@ -7,6 +7,7 @@
 //! and a line there (docs/GATES.md). The idle gate plugs into
 //! [`crate::legs::lease::IdleCheck`], which runs before each leg.
 
+pub mod absent;
 pub mod build;
 pub mod clock;
 pub mod golden_config;
@@ -175,7 +176,10 @@ pub fn registry() -> Vec<Box<dyn Gate>> {
 }
 
 pub fn judge_all(input: &GateInput) -> Vec<GateResult> {
-    registry().iter().flat_map(|g| g.judge(input)).collect()
+    registry()
+        .iter()
+        .flat_map(|g| absent::judge_present(g.as_ref(), input))
+        .collect()
 }
 
 /// The scope of a refusal that a record states without one (written before scopes were

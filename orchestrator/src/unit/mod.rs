@@ -5,7 +5,10 @@
 //! number and the fields we read, so that a field added there does not break a run here.
 //! Every default lives in one `fn default_*` below and is documented in docs/UNIT.md.
 
+pub mod choice;
 pub mod preflight;
+
+pub use choice::LegChoice;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -100,6 +103,14 @@ pub struct GoldenRef {
     pub device: String,
     #[serde(default = "default_float32")]
     pub dtype: String,
+    /// Hold every leg and batch size to exact match against this golden (a trained model's
+    /// sharp logits), instead of teacher forcing where the golden is another implementation's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub exact: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -182,9 +193,6 @@ pub enum KvMatch {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatesCfg {
-    /// A first mismatch at a golden position whose top-2 margin is below this is called a near-tie.
-    #[serde(default = "default_near_tie")]
-    pub near_tie_margin: f64,
     #[serde(default = "default_kv_match")]
     pub kv_match: KvMatch,
     /// Pools within this many blocks (of the larger block size) count as the same.
@@ -217,7 +225,6 @@ pub struct GatesCfg {
 impl Default for GatesCfg {
     fn default() -> Self {
         GatesCfg {
-            near_tie_margin: default_near_tie(),
             kv_match: default_kv_match(),
             kv_tolerance_blocks: 1,
             golden_config_ignore: Vec::new(),
@@ -314,9 +321,6 @@ fn default_engine_binary() -> PathBuf {
 fn default_python() -> String {
     "python3".into()
 }
-fn default_near_tie() -> f64 {
-    1e-3
-}
 fn default_kv_match() -> KvMatch {
     KvMatch::Engine
 }
@@ -391,6 +395,7 @@ impl Unit {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Unit, UnitError> {
+        removed_keys(path, text)?;
         let config: UnitFile = toml::from_str(text).map_err(|e| {
             // toml's message names the key and line; add the fix for the common case.
             let msg = e.to_string();
@@ -512,6 +517,24 @@ impl Unit {
             .iter()
             .find(|g| device_kind(&g.device) == kind && g.dtype == dtype)
     }
+}
+
+/// Keys this orchestrator no longer reads, each refused with what replaced it (a typo is an
+/// error, and so is a setting that would silently do nothing).
+fn removed_keys(path: &Path, text: &str) -> Result<(), UnitError> {
+    let Ok(v) = text.parse::<toml::Table>() else {
+        return Ok(()); // the parse proper names the syntax error
+    };
+    if v.get("gates")
+        .and_then(|g| g.get("near_tie_margin"))
+        .is_some()
+    {
+        return Err(err(
+            path,
+            "[gates] near_tie_margin was removed: the token gate no longer classifies a free-running mismatch by a hand-set margin; it teacher-forces the golden's tokens and judges each differing position by a tolerance that follows from the dtype and the logits' magnitude (docs/GATES.md, token). Delete the line (and its comment); a golden that should be matched exactly says so with exact = true in its [[golden]] entry",
+        ));
+    }
+    Ok(())
 }
 
 /// "cpu" -> None, "cuda" / "cuda:N" -> Some(N).
@@ -767,6 +790,20 @@ backend = "transformers"
         assert!(e.starts_with("/x/unit.toml:"), "{e}");
         assert!(e.contains("repeats"), "{e}");
         assert!(e.contains("docs/UNIT.md"), "{e}");
+    }
+
+    #[test]
+    fn the_removed_near_tie_margin_is_refused_naming_its_replacement() {
+        let text = format!("{MINIMAL}\n[gates]\nnear_tie_margin = 0.07\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/x/unit.toml: [gates] near_tie_margin was removed")
+                && e.contains("teacher-forces")
+                && e.contains("exact = true"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::unit::{self, Golden, Prompt, Unit};
+use crate::unit::{self, Golden, LegChoice, Prompt, Unit};
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
@@ -82,6 +82,16 @@ pub fn preflight(
     unit_path: &Path,
     python_cli: Option<&str>,
     print: bool,
+) -> (Report, Option<Checked>) {
+    preflight_legs(unit_path, python_cli, print, LegChoice::Both)
+}
+
+/// [`preflight`] for a run of `legs` only: the absent leg's program is not checked.
+pub fn preflight_legs(
+    unit_path: &Path,
+    python_cli: Option<&str>,
+    print: bool,
+    legs: LegChoice,
 ) -> (Report, Option<Checked>) {
     let mut rep = Report {
         lines: vec![],
@@ -164,9 +174,14 @@ pub fn preflight(
     }
 
     let engine_binary = unit.engine_binary(&root);
-    match check_executable(&engine_binary) {
+    let engine = match legs.engine() {
+        false => Err(None),
+        true => check_executable(&engine_binary).map_err(Some),
+    };
+    match engine {
+        Err(None) => rep.ok("engine", format!("not run ({})", legs.why_not())),
         Ok(()) => rep.ok("engine", format!("{} is executable", engine_binary.display())),
-        Err(m) => rep.fail(
+        Err(Some(m)) => rep.fail(
             "engine",
             format!(
                 "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
@@ -177,7 +192,11 @@ pub fn preflight(
     say(&rep);
 
     let python = oracle_python(&unit, python_cli);
-    match check_oracle(&python, unit.config.oracle.backend.as_str(), &root) {
+    let oracle = match legs.oracle() {
+        false => Ok(format!("not run ({})", legs.why_not())),
+        true => check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+    };
+    match oracle {
         Ok(what) => rep.ok("oracle", what),
         Err(m) => rep.fail("oracle", m),
     }

@@ -29,9 +29,9 @@ pub enum ScaleFrom {
 impl fmt::Display for ScaleFrom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ScaleFrom::Own => f.write_str("the leg's own"),
-            ScaleFrom::Leg(l) => write!(f, "the {l} leg's at this position"),
-            ScaleFrom::Golden => f.write_str("the golden's"),
+            ScaleFrom::Own => f.write_str("the leg's own scale"),
+            ScaleFrom::Leg(l) => write!(f, "the {l} leg's scale at this position"),
+            ScaleFrom::Golden => f.write_str("the golden's scale"),
         }
     }
 }
@@ -102,7 +102,7 @@ impl Position {
                     format!("{ULPS_PER_SIDE:.0} {l} steps + {ULPS_PER_SIDE:.0} {g} steps")
                 };
                 format!(
-                    "tolerance {} ({steps} at |logit| {}, {from} scale)",
+                    "tolerance {} ({steps} at |logit| {}, {from})",
                     fmt_num(t),
                     fmt_num(s)
                 )
