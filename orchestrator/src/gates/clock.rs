@@ -5,6 +5,8 @@
 //! condition is its own [`ClockReason`], naming the leg and the figures, as the reference
 //! report's six reasons do. Also standalone: `orchestrator clock compare A B`.
 
+pub mod throttle;
+
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::Path;
@@ -81,8 +83,9 @@ pub enum ClockReason {
     },
     Throttled {
         leg: String,
-        /// (name, share of polls) for each reason beyond the allowed ones.
-        reasons: Vec<(String, f64)>,
+        /// Each reason beyond the allowed ones that lowered the SM clock beyond the tolerance.
+        reasons: Vec<throttle::Lowered>,
+        tolerance_pct: f64,
     },
     PersistenceOff {
         leg: String,
@@ -145,15 +148,16 @@ impl fmt::Display for ClockReason {
                 f,
                 "The {leg} leg's SM clock spread {spread_pct:.2}% (p5 {p5_mhz:.0}, median {median_mhz:.0}, p95 {p95_mhz:.0} MHz) against a {ceiling_pct}% ceiling: the clock moved while it ran. Hint: look for power or thermal limits and a GPU that was idle between requests (clocks drop while idle)."
             ),
-            ClockReason::Throttled { leg, reasons } => {
-                let list: Vec<String> = reasons
-                    .iter()
-                    .map(|(n, s)| format!("{n} in {:.1}% of polls", s * 100.0))
-                    .collect();
+            ClockReason::Throttled {
+                leg,
+                reasons,
+                tolerance_pct,
+            } => {
+                let list: Vec<String> = reasons.iter().map(ToString::to_string).collect();
                 write!(
                     f,
-                    "The {leg} leg's GPU was throttled: {}. Hint: a power cap, thermal or hardware slowdown lowers clocks independently of the engine; rerun on a cool, uncapped GPU (observe only: never change its clocks here).",
-                    list.join(", ")
+                    "The {leg} leg's GPU was throttled below its clock by more than the {tolerance_pct}% tolerance: {}. Hint: a power cap, thermal or hardware slowdown lowers clocks independently of the engine; rerun on a cool, uncapped GPU (observe only: never change its clocks here).",
+                    list.join("; ")
                 )
             }
             ClockReason::PersistenceOff {
@@ -228,16 +232,12 @@ fn one_leg(s: &ClockSide, other: &ClockSide, cfg: &ClockCfg, out: &mut Vec<Clock
         }),
         Some(_) => {}
     }
-    let beyond: Vec<(String, f64)> = sum
-        .throttle
-        .iter()
-        .filter(|t| !cfg.allowed_throttle.contains(&t.name))
-        .map(|t| (t.name.clone(), t.share))
-        .collect();
-    if !beyond.is_empty() {
+    let (lowered, _) = throttle::judge(s, other, cfg);
+    if !lowered.is_empty() {
         out.push(ClockReason::Throttled {
             leg: s.leg.clone(),
-            reasons: beyond,
+            reasons: lowered,
+            tolerance_pct: cfg.max_spread_pct,
         });
     }
     // Unknown persistence (the query unsupported) is not a pass: it is refused as not shown on.
@@ -248,6 +248,14 @@ fn one_leg(s: &ClockSide, other: &ClockSide, cfg: &ClockCfg, out: &mut Vec<Clock
             polls: sum.polls,
         });
     }
+}
+
+/// The throttle reasons of both legs that did not lower their clocks, each a sentence: recorded
+/// and shown under the table, not refusals.
+pub fn notes(a: &ClockSide, b: &ClockSide, cfg: &ClockCfg) -> Vec<String> {
+    let mut v = throttle::judge(a, b, cfg).1;
+    v.extend(throttle::judge(b, a, cfg).1);
+    v
 }
 
 /// Every reason the pair is not comparable; empty when it is.
@@ -342,16 +350,19 @@ impl Gate for ClockGate {
             }
         }
         let reasons = compare(&e, &o, &cfg);
-        if reasons.is_empty() {
-            return vec![GateResult::pass(self, None, pass_text(&e, &o))];
-        }
-        reasons
-            .into_iter()
-            .map(|reason| {
-                let leg = reason_leg(&reason);
-                GateResult::refused(self, leg, &ClockRefusal::Clock { reason })
-            })
-            .collect()
+        let mut out = if reasons.is_empty() {
+            vec![GateResult::pass(self, None, pass_text(&e, &o))]
+        } else {
+            reasons
+                .into_iter()
+                .map(|reason| {
+                    let leg = reason_leg(&reason);
+                    GateResult::refused(self, leg, &ClockRefusal::Clock { reason })
+                })
+                .collect()
+        };
+        out[0].notes = notes(&e, &o, &cfg);
+        out
     }
 }
 
@@ -383,7 +394,7 @@ pub fn pass_text(a: &ClockSide, b: &ClockSide) -> String {
         )
     };
     format!(
-        "comparable GPU state: {}; {}; no throttle beyond idle/application clocks, persistence on, same boot, median offset {:.2}%",
+        "comparable GPU state: {}; {}; no throttle reason that lowered an SM clock, persistence on, same boot, median offset {:.2}%",
         one(a),
         one(b),
         median_offset_pct(a.summary, b.summary).unwrap_or(0.0)
@@ -433,6 +444,16 @@ pub(crate) mod tests {
         persist: bool,
         busy: usize,
     ) -> Vec<Row> {
+        series_by(sm, |_| throttle, persist, busy)
+    }
+
+    /// As [`series`], with the throttle bits per poll.
+    pub fn series_by(
+        sm: impl Fn(usize) -> u32,
+        throttle: impl Fn(usize) -> u64,
+        persist: bool,
+        busy: usize,
+    ) -> Vec<Row> {
         let t0 = 1_000_000u64;
         let mut rows = vec![Row::Phase {
             t_us: t0,
@@ -447,7 +468,7 @@ pub(crate) mod tests {
                 mem_mhz: Some(3201),
                 power_mw: Some(300_000),
                 temp_c: Some(50),
-                throttle: Some(throttle),
+                throttle: Some(throttle(i)),
                 persistence: Some(persist),
                 used_bytes: Some(1 << 30),
                 procs: None,
@@ -470,7 +491,7 @@ pub(crate) mod tests {
         summarize(&series(|_| 1980, 0, true, 200))
     }
 
-    fn judge(a: &GpuSummary, b: &GpuSummary, boot_b: &str) -> Vec<ClockReason> {
+    pub fn judge(a: &GpuSummary, b: &GpuSummary, boot_b: &str) -> Vec<ClockReason> {
         compare(
             &ClockSide {
                 leg: "engine".into(),
@@ -533,13 +554,18 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_power_capped_leg_is_refused_naming_the_reason() {
-        let capped = summarize(&series(|_| 1980, 0x4, true, 200));
+    fn a_power_cap_that_lowers_the_clock_is_refused_naming_the_reason() {
+        // Capped throughout at 1,880 MHz, 5.05% under the oracle's 1,980: refused on its own
+        // account (the median offset is refused as well).
+        let capped = summarize(&series(|_| 1880, 0x4, true, 200));
         let r = judge(&capped, &clean(), BOOT);
-        assert_eq!(r.len(), 1, "{r:?}");
+        let t = r
+            .iter()
+            .find(|x| matches!(x, ClockReason::Throttled { .. }))
+            .unwrap_or_else(|| panic!("{r:?}"));
         assert_eq!(
-            r[0].to_string().split(':').nth(1).unwrap().trim(),
-            "SwPowerCap in 100.0% of polls. Hint"
+            t.to_string().split(": ").nth(1).unwrap(),
+            "SwPowerCap in 100.0% of polls at an SM clock of 1880 MHz (p5 of those polls) against a ceiling of 1980 MHz (the oracle leg's median). Hint"
         );
     }
 

@@ -69,6 +69,10 @@ pub struct GateResult {
     /// before scopes were stored ([`stored_scope`] derives it there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    /// What the gate saw that refuses nothing but a reader should know (a throttle reason at an
+    /// unchanged clock), each a sentence; shown under the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl GateResult {
@@ -79,6 +83,7 @@ impl GateResult {
             sentence: text.clone(),
             verdict: Verdict::Pass { text },
             scope: None,
+            notes: vec![],
         }
     }
 
@@ -89,6 +94,7 @@ impl GateResult {
             sentence: format!("not applicable: {reason}"),
             verdict: Verdict::NotApplicable { reason },
             scope: None,
+            notes: vec![],
         }
     }
 
@@ -106,6 +112,7 @@ impl GateResult {
                 refusal: serde_json::to_value(reason).expect("a gate's reason serializes"),
             },
             scope: Some(gate.scope(leg)),
+            notes: vec![],
         }
     }
 

@@ -82,6 +82,14 @@ fn sampler_line(l: &LegRecord, dir: &Path) -> String {
     )
 }
 
+/// The gates' notes, (gate, sentence) each, in the verdicts' order.
+fn notes(rec: &Record) -> Vec<(&str, &str)> {
+    rec.gates
+        .iter()
+        .flat_map(|g| g.notes.iter().map(|n| (g.gate.as_str(), n.as_str())))
+        .collect()
+}
+
 /// Per leg, what the host probe timed before it, or why the leg was not run.
 fn host_lines(rec: &Record) -> Vec<String> {
     let mut v = vec![];
@@ -116,6 +124,9 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     rec.gates
         .iter()
         .for_each(|g| line(gate_line(g, Format::Terminal)));
+    for (gate, n) in notes(rec) {
+        line(format!("note ({gate}): {n}"));
+    }
     for l in [&rec.legs.engine, &rec.legs.oracle] {
         line(sampler_line(l, dir));
     }
@@ -192,6 +203,13 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
     for g in &rec.gates {
         s.push_str(&gate_line(g, Format::Markdown));
         s.push('\n');
+    }
+    let notes = notes(rec);
+    if !notes.is_empty() {
+        s.push_str("\n## Notes (recorded, not refusals)\n\n");
+        for (gate, n) in notes {
+            item(&mut s, &format!("{gate}: {n}"));
+        }
     }
     s.push_str(&closing(rec));
     s
