@@ -1,12 +1,14 @@
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use orchestrator::clock::{self, Said};
-use orchestrator::compare::{self, Spec, Thresholds};
+use orchestrator::compare;
 use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
+use orchestrator::numbers::regress::{self, Thresholds};
+use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::{preflight, LegChoice};
@@ -168,9 +170,90 @@ fn said(what: &str, r: Result<Said, String>) -> ExitCode {
     }
 }
 
+fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
+    match run::run(unit, opts) {
+        Ok(o) => {
+            for w in &o.warnings {
+                eprintln!("orchestrator: {w}");
+            }
+            print!("{}", o.summary);
+            code(o.exit_status)
+        }
+        Err(e) => {
+            eprintln!("orchestrator: {e}");
+            code(run::EXIT_ERROR)
+        }
+    }
+}
+
+fn check_cmd(unit: &Path, python: Option<&str>) -> ExitCode {
+    let (report, checked) = preflight::preflight(unit, python, false);
+    for l in &report.lines {
+        println!("{l}");
+    }
+    if checked.is_some() {
+        println!("preflight passed: {}", unit.display());
+        code(0)
+    } else {
+        println!(
+            "preflight FAILED: {} check(s) failed",
+            report.failures.len()
+        );
+        code(run::EXIT_ERROR)
+    }
+}
+
+fn report_cmd(records: &Path, out: &Path) -> ExitCode {
+    match report::report(records, out) {
+        Ok(o) => {
+            for p in &o.written {
+                println!("wrote {}", p.display());
+            }
+            for r in &o.rejected {
+                eprintln!("orchestrator report: {r}");
+            }
+            code(if o.rejected.is_empty() { 0 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("orchestrator report: {e}");
+            code(2)
+        }
+    }
+}
+
+fn compare_cmd(
+    base: &str,
+    head: &str,
+    records: &Path,
+    t: &Thresholds,
+    allow: bool,
+    format: Format,
+) -> ExitCode {
+    let (rejected, result) = compare::run(base, head, records, t, allow);
+    for r in &rejected {
+        eprintln!("orchestrator compare: {r}");
+    }
+    match result {
+        Ok(c) => {
+            match format {
+                Format::Table => print!("{}", render::compare::terminal(&c)),
+                Format::Markdown => print!("{}", render::compare::markdown(&c)),
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&c).expect("a comparison serializes")
+                ),
+            }
+            code(c.exit_status)
+        }
+        Err(e) => {
+            eprintln!("orchestrator compare: {e}");
+            code(regress::EXIT_ERROR)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.cmd {
+    match Cli::parse().cmd {
         Cmd::Run {
             unit,
             records_dir,
@@ -179,64 +262,22 @@ fn main() -> ExitCode {
             python,
             quiet,
             legs,
-        } => {
-            let opts = RunOptions {
+        } => run_cmd(
+            &unit,
+            &RunOptions {
                 records_dir,
                 lock_dir,
                 no_wait,
                 python,
                 quiet,
                 legs,
-            };
-            match run::run(&unit, &opts) {
-                Ok(o) => {
-                    for w in &o.warnings {
-                        eprintln!("orchestrator: {w}");
-                    }
-                    print!("{}", o.summary);
-                    code(o.exit_status)
-                }
-                Err(e) => {
-                    eprintln!("orchestrator: {e}");
-                    code(run::EXIT_ERROR)
-                }
-            }
-        }
-        Cmd::Check { unit, python } => {
-            let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
-            for l in &report.lines {
-                println!("{l}");
-            }
-            if checked.is_some() {
-                println!("preflight passed: {}", unit.display());
-                code(0)
-            } else {
-                println!(
-                    "preflight FAILED: {} check(s) failed",
-                    report.failures.len()
-                );
-                code(run::EXIT_ERROR)
-            }
-        }
-        Cmd::Report { records_dir, out } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let out = out.unwrap_or_else(|| reports_path("BENCHMARKS.md"));
-            match report::report(&records, &out) {
-                Ok(o) => {
-                    for p in &o.written {
-                        println!("wrote {}", p.display());
-                    }
-                    for r in &o.rejected {
-                        eprintln!("orchestrator report: {r}");
-                    }
-                    code(if o.rejected.is_empty() { 0 } else { 1 })
-                }
-                Err(e) => {
-                    eprintln!("orchestrator report: {e}");
-                    code(2)
-                }
-            }
-        }
+            },
+        ),
+        Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),
+        Cmd::Report { records_dir, out } => report_cmd(
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &out.unwrap_or_else(|| reports_path("BENCHMARKS.md")),
+        ),
         Cmd::Compare {
             base,
             head,
@@ -245,44 +286,18 @@ fn main() -> ExitCode {
             alpha,
             allow_different_hosts,
             format,
-        } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let t = Thresholds {
+        } => compare_cmd(
+            &base,
+            &head,
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &Thresholds {
                 min_effect: min_effect_pct / 100.0,
                 alpha,
                 ..Thresholds::default()
-            };
-            let (base, head) = (Spec::parse(&base), Spec::parse(&head));
-            // Two record files need no records directory.
-            let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
-                Ok((vec![], vec![]))
-            } else {
-                orchestrator::record::archive::load_dir(&records)
-            };
-            let result = loaded.and_then(|(recs, rejected)| {
-                for r in &rejected {
-                    eprintln!("orchestrator compare: {r}");
-                }
-                compare::compare(&base, &head, &recs, &t, allow_different_hosts)
-            });
-            match result {
-                Ok(c) => {
-                    match format {
-                        Format::Table => print!("{}", compare::render_terminal(&c)),
-                        Format::Markdown => print!("{}", compare::render_markdown(&c)),
-                        Format::Json => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&c).expect("a comparison serializes")
-                        ),
-                    }
-                    code(c.exit_status)
-                }
-                Err(e) => {
-                    eprintln!("orchestrator compare: {e}");
-                    code(compare::EXIT_ERROR)
-                }
-            }
-        }
+            },
+            allow_different_hosts,
+            format,
+        ),
         Cmd::Lease {
             gpu,
             lock_dir,

@@ -17,6 +17,7 @@ use crate::legs::sampler::{LegSampler, SamplerSpec};
 use crate::legs::spec::{BatteryPlan, LegSpec};
 use crate::legs::watchdog::{self, Phase, WatchdogKill};
 use crate::unit::WatchdogCfg;
+use crate::util::procfs::{process_name, stat_state_pgid};
 
 mod verify;
 
@@ -196,52 +197,8 @@ impl LegRun {
     /// stragglers. Also the clean-up after a failure (then the group was killed already).
     pub async fn shutdown(&mut self) {
         self.mark(Phase::Shutdown);
-        if let Some(mut p) = self.proc.take() {
-            let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
-            let deadline = Phase::Shutdown.deadline(&self.wd);
-            let started = Instant::now();
-            // A leg that already died fails the send; its exit status is collected below.
-            let _ = p.send(protocol::SHUTDOWN_LINE).await;
-            p.stdin = None; // end of stdin means shutdown too
-            let r = tokio::time::timeout(deadline, p.child.wait()).await;
-            let outcome = match r {
-                Ok(Ok(status)) => {
-                    self.record.exit_status = Some(status_code(status));
-                    if status.success() {
-                        "exited 0".to_string()
-                    } else {
-                        let msg = format!(
-                            "the {} leg {} after shutdown (the protocol asks for 0)",
-                            self.record.leg,
-                            describe_status(Some(status))
-                        );
-                        self.fail(Phase::Shutdown, "exited", msg);
-                        format!("FAILED: {}", describe_status(Some(status)))
-                    }
-                }
-                Ok(Err(e)) => {
-                    self.fail(
-                        Phase::Shutdown,
-                        "protocol",
-                        format!("waiting for the {} leg failed: {e}", self.record.leg),
-                    );
-                    "FAILED".into()
-                }
-                Err(_) => {
-                    self.watchdog_kill(Phase::Shutdown, deadline, started).await;
-                    let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
-                    if let Ok(Ok(s)) = status {
-                        self.record.exit_status = Some(status_code(s));
-                    }
-                    "killed by the watchdog".into()
-                }
-            };
-            let el = prog.finish(&outcome);
-            self.record.phases.push(PhaseTime {
-                phase: Phase::Shutdown,
-                elapsed_s: el,
-                ok: !outcome.starts_with("FAILED") && !outcome.starts_with("killed"),
-            });
+        if let Some(p) = self.proc.take() {
+            self.stop(p).await;
         }
         // The samplers stop once the leg has exited, so the series covers its shutdown.
         if let Some(s) = self.sampler.take() {
@@ -257,37 +214,7 @@ impl LegRun {
             .unwrap_or_default();
         // GPU side first: a process still holding memory is named with its MiB before the
         // host-side reap kills it anonymously.
-        if let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) {
-            if let Ok(mut g) = crate::legs::sampler::nvml::open(gpu) {
-                // `seen` were the leg's when the sampler saw them (group, descendant or
-                // announced); one that left the group since (setsid) is still the leg's worker.
-                let seen = self.record.sampler.gpu_pids_seen.clone();
-                let is_leg = |pid: u32| {
-                    pid as i32 == pgid
-                        || announced.contains(&pid)
-                        || seen.contains(&pid)
-                        || matches!(crate::util::procfs::stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
-                };
-                let found = watchdog::reap_gpu_stragglers(
-                    g.as_mut(),
-                    is_leg,
-                    crate::util::procfs::process_name,
-                );
-                for s in &found {
-                    if !self.quiet {
-                        eprintln!(
-                            "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
-                            self.record.leg,
-                            s.pid,
-                            s.name,
-                            s.mib.map_or("?".into(), |m| m.to_string())
-                        );
-                    }
-                }
-                self.record.gpu_stragglers.extend(found);
-                self.record.gpu_checked = true;
-            }
-        }
+        self.reap_gpu(&announced);
         if let Some(pgid) = self.pgid.take() {
             let found = watchdog::reap_stragglers(pgid, &announced);
             watchdog::unregister_group(pgid);
@@ -301,6 +228,88 @@ impl LegRun {
             }
             self.record.stragglers.extend(found);
         }
+    }
+
+    /// The shutdown phase proper: the request, then the exit under the deadline.
+    async fn stop(&mut self, mut p: LegProcess) {
+        let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
+        let deadline = Phase::Shutdown.deadline(&self.wd);
+        let started = Instant::now();
+        // A leg that already died fails the send; its exit status is collected below.
+        let _ = p.send(protocol::SHUTDOWN_LINE).await;
+        p.stdin = None; // end of stdin means shutdown too
+        let r = tokio::time::timeout(deadline, p.child.wait()).await;
+        let outcome = match r {
+            Ok(Ok(status)) => {
+                self.record.exit_status = Some(status_code(status));
+                if status.success() {
+                    "exited 0".to_string()
+                } else {
+                    let msg = format!(
+                        "the {} leg {} after shutdown (the protocol asks for 0)",
+                        self.record.leg,
+                        describe_status(Some(status))
+                    );
+                    self.fail(Phase::Shutdown, "exited", msg);
+                    format!("FAILED: {}", describe_status(Some(status)))
+                }
+            }
+            Ok(Err(e)) => {
+                self.fail(
+                    Phase::Shutdown,
+                    "protocol",
+                    format!("waiting for the {} leg failed: {e}", self.record.leg),
+                );
+                "FAILED".into()
+            }
+            Err(_) => {
+                self.watchdog_kill(Phase::Shutdown, deadline, started).await;
+                let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
+                if let Ok(Ok(s)) = status {
+                    self.record.exit_status = Some(status_code(s));
+                }
+                "killed by the watchdog".into()
+            }
+        };
+        let el = prog.finish(&outcome);
+        self.record.phases.push(PhaseTime {
+            phase: Phase::Shutdown,
+            elapsed_s: el,
+            ok: !outcome.starts_with("FAILED") && !outcome.starts_with("killed"),
+        });
+    }
+
+    /// Names and kills each of the leg's processes still on the leased GPU (when NVML can say).
+    fn reap_gpu(&mut self, announced: &[u32]) {
+        let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) else {
+            return;
+        };
+        let Ok(mut g) = crate::legs::sampler::nvml::open(gpu) else {
+            return;
+        };
+        // `seen` were the leg's when the sampler saw them (group, descendant or announced);
+        // one that left the group since (setsid) is still the leg's worker.
+        let seen = self.record.sampler.gpu_pids_seen.clone();
+        let is_leg = |pid: u32| {
+            pid as i32 == pgid
+                || announced.contains(&pid)
+                || seen.contains(&pid)
+                || matches!(stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
+        };
+        let found = watchdog::reap_gpu_stragglers(g.as_mut(), is_leg, process_name);
+        for s in &found {
+            if !self.quiet {
+                eprintln!(
+                    "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
+                    self.record.leg,
+                    s.pid,
+                    s.name,
+                    s.mib.map_or("?".into(), |m| m.to_string())
+                );
+            }
+        }
+        self.record.gpu_stragglers.extend(found);
+        self.record.gpu_checked = true;
     }
 
     /// Tells the samplers the leg entered `phase`.

@@ -4,5 +4,6 @@
 pub mod axes;
 pub mod explain;
 pub mod noise;
+pub mod regress;
 pub mod stats;
 pub mod timing;

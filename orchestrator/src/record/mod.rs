@@ -3,6 +3,7 @@
 
 pub mod archive;
 mod provenance;
+pub mod select;
 pub mod write;
 
 pub use write::write_new_atomic;

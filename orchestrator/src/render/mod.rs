@@ -2,6 +2,8 @@
 //! and ratio-history pictures.
 
 pub mod chart;
+pub mod compare;
+pub mod report;
 pub mod run;
 pub mod svg;
 pub mod table;

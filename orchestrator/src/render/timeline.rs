@@ -114,7 +114,11 @@ fn panel(svg: &mut String, y0: f64, title: &str, rows: &[Row], no_gpu: Option<&s
             line.join(" ")
         );
     }
-    // Axes: MHz on the left, percent on the right, seconds below.
+    axis_labels(svg, top, sm_max, span);
+}
+
+/// Axes: MHz on the left, percent on the right, seconds below.
+fn axis_labels(svg: &mut String, top: f64, sm_max: f64, span: f64) {
     let _ = writeln!(
         svg,
         r##"<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">{:.0} MHz</text><text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">0</text>"##,

@@ -57,15 +57,29 @@ pub struct Checked {
 pub struct Report {
     pub lines: Vec<String>,
     pub failures: Vec<CheckFailure>,
+    /// Each line also goes to stderr as it is decided.
+    print: bool,
 }
 
 impl Report {
+    fn say(&mut self, line: String) {
+        if self.print {
+            eprintln!("[check] {line}");
+        }
+        self.lines.push(line);
+    }
     fn ok(&mut self, check: &str, what: String) {
-        self.lines.push(format!("ok   {check}: {what}"));
+        self.say(format!("ok   {check}: {what}"));
     }
     fn fail(&mut self, check: &'static str, message: String) {
-        self.lines.push(format!("FAIL {check}: {message}"));
+        self.say(format!("FAIL {check}: {message}"));
         self.failures.push(CheckFailure { check, message });
+    }
+    fn check(&mut self, check: &'static str, r: Result<String, String>) {
+        match r {
+            Ok(what) => self.ok(check, what),
+            Err(m) => self.fail(check, m),
+        }
     }
 }
 
@@ -96,23 +110,15 @@ pub fn preflight_legs(
     let mut rep = Report {
         lines: vec![],
         failures: vec![],
-    };
-    let say = |rep: &Report| {
-        if print {
-            if let Some(l) = rep.lines.last() {
-                eprintln!("[check] {l}");
-            }
-        }
+        print,
     };
     let unit = match Unit::load(unit_path) {
         Ok(u) => {
             rep.ok("unit", format!("{} parses", unit_path.display()));
-            say(&rep);
             u
         }
         Err(e) => {
             rep.fail("unit", e.to_string());
-            say(&rep);
             return (rep, None);
         }
     };
@@ -124,84 +130,45 @@ pub fn preflight_legs(
                 unit.dir.display()
             ),
         );
-        say(&rep);
         return (rep, None);
     };
-
     let prompts = match unit::load_prompts(&unit.prompts_path()) {
         Ok(p) => {
             rep.ok("prompts", format!("{} prompt(s), schema 1", p.len()));
-            say(&rep);
             Some(p)
         }
         Err(e) => {
             rep.fail("prompts", e.to_string());
-            say(&rep);
             None
         }
     };
-
-    match check_model(&unit.model_dir()) {
-        Ok(what) => rep.ok("model", what),
-        Err(m) => rep.fail("model", m),
-    }
-    say(&rep);
-
-    let mut goldens = BTreeMap::new();
-    if let Some(prompts) = &prompts {
-        for g in &unit.config.golden {
-            let path = unit.resolve(&g.file);
-            match unit::load_golden(&path, &unit.config.battery, prompts) {
-                Ok(gold) => {
-                    rep.ok(
-                        "golden",
-                        format!(
-                            "{} ({} outputs, {} tokens, captured by {} on {} {})",
-                            g.file.display(),
-                            gold.outputs.len(),
-                            gold.max_tokens,
-                            gold.capture.backend.as_deref().unwrap_or("?"),
-                            gold.capture.device.as_deref().unwrap_or("?"),
-                            gold.capture.dtype.as_deref().unwrap_or("?")
-                        ),
-                    );
-                    goldens.insert(g.file.clone(), gold);
-                }
-                Err(e) => rep.fail("golden", e.to_string()),
-            }
-            say(&rep);
-        }
-    }
-
+    rep.check("model", check_model(&unit.model_dir()));
+    let goldens = match &prompts {
+        Some(p) => load_goldens(&mut rep, &unit, p),
+        None => BTreeMap::new(),
+    };
     let engine_binary = unit.engine_binary(&root);
-    let engine = match legs.engine() {
-        false => Err(None),
-        true => check_executable(&engine_binary).map_err(Some),
-    };
-    match engine {
-        Err(None) => rep.ok("engine", format!("not run ({})", legs.why_not())),
-        Ok(()) => rep.ok("engine", format!("{} is executable", engine_binary.display())),
-        Err(Some(m)) => rep.fail(
-            "engine",
-            format!(
-                "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
-                root.display()
-            ),
-        ),
-    }
-    say(&rep);
-
+    let not_run = || Ok(format!("not run ({})", legs.why_not()));
+    rep.check(
+        "engine",
+        match legs.engine() {
+            false => not_run(),
+            true => check_executable(&engine_binary)
+                .map(|()| format!("{} is executable", engine_binary.display()))
+                .map_err(|m| format!(
+                    "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
+                    root.display()
+                )),
+        },
+    );
     let python = oracle_python(&unit, python_cli);
-    let oracle = match legs.oracle() {
-        false => Ok(format!("not run ({})", legs.why_not())),
-        true => check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
-    };
-    match oracle {
-        Ok(what) => rep.ok("oracle", what),
-        Err(m) => rep.fail("oracle", m),
-    }
-    say(&rep);
-
+    rep.check(
+        "oracle",
+        match legs.oracle() {
+            false => not_run(),
+            true => check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+        },
+    );
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,
         project_root: root,
@@ -211,6 +178,33 @@ pub fn preflight_legs(
         python,
     });
     (rep, checked)
+}
+
+/// Each `[[golden]]` of the unit, loaded and checked against the battery, by its file name.
+fn load_goldens(rep: &mut Report, unit: &Unit, prompts: &[Prompt]) -> BTreeMap<PathBuf, Golden> {
+    let mut goldens = BTreeMap::new();
+    for g in &unit.config.golden {
+        let path = unit.resolve(&g.file);
+        match unit::load_golden(&path, &unit.config.battery, prompts) {
+            Ok(gold) => {
+                rep.ok(
+                    "golden",
+                    format!(
+                        "{} ({} outputs, {} tokens, captured by {} on {} {})",
+                        g.file.display(),
+                        gold.outputs.len(),
+                        gold.max_tokens,
+                        gold.capture.backend.as_deref().unwrap_or("?"),
+                        gold.capture.device.as_deref().unwrap_or("?"),
+                        gold.capture.dtype.as_deref().unwrap_or("?")
+                    ),
+                );
+                goldens.insert(g.file.clone(), gold);
+            }
+            Err(e) => rep.fail("golden", e.to_string()),
+        }
+    }
+    goldens
 }
 
 fn check_executable(p: &Path) -> Result<(), String> {
