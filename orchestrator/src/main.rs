@@ -107,6 +107,27 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClockCmd,
     },
+    /// The planted-fault evidence (scripts/fault-table.sh runs these around the runs).
+    Faults {
+        #[command(subcommand)]
+        cmd: FaultsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum FaultsCmd {
+    /// The engine faults (ENGINE_FAULT) that apply to a unit, each with why; the last line
+    /// lists them, comma-separated. Exit 2 when the unit or its model cannot be read.
+    Plan { unit: PathBuf },
+    /// The fault table from the records of engine-only runs under DIR (one clean run and one
+    /// per fault, per unit), in Markdown. Exit 0: every fault that changed the model refused and
+    /// every clean leg passed; 1: otherwise; 2: no record.
+    Table {
+        dir: PathBuf,
+        /// Also write the table to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -252,6 +273,29 @@ fn compare_cmd(
     }
 }
 
+fn faults_cmd(cmd: FaultsCmd) -> ExitCode {
+    use orchestrator::faults;
+    let r = match &cmd {
+        FaultsCmd::Plan { unit } => faults::plan_command(unit),
+        FaultsCmd::Table { dir, out } => faults::table(dir).and_then(|s| match out {
+            Some(p) => std::fs::write(p, &s.out)
+                .map(|()| s)
+                .map_err(|e| format!("cannot write {} ({e})", p.display())),
+            None => Ok(s),
+        }),
+    };
+    match r {
+        Ok(s) => {
+            print!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            eprintln!("orchestrator faults: {e}");
+            code(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().cmd {
         Cmd::Run {
@@ -320,6 +364,7 @@ fn main() -> ExitCode {
                     period_ms,
                 },
         } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
+        Cmd::Faults { cmd } => faults_cmd(cmd),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
         } => said(
