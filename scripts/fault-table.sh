@@ -10,20 +10,27 @@
 # --out DIR     OUT/records, OUT/logs/<unit>.<fault>.log (each run's stdout and stderr), the table
 # --lock-dir D  the lease's lock directory (default: the units' own)
 # --faults A,B  only these faults (still only where they apply)
+# --repeat N    timed passes per run (default 1: the token gate needs one; the timings are not
+#               the table's), passed as `orchestrator run --repeat N --warmup 1`
+# --clean-only / --no-clean  run only the clean run, or every run but it (to split a unit's runs
+#               over several calls; the table takes each unit's latest clean run under OUT)
 # Exit 0: every fault that changed the model was refused and no clean leg was; 1: otherwise, or
 # a run left no record (named); 2: bad arguments or no record at all.
 set -u
 
 die() { echo "fault-table: $*" >&2; exit 2; }
 
-BIN="" OUT="" LOCK="" ONLY=""
+BIN="" OUT="" LOCK="" ONLY="" REPEAT=1 CLEAN=1 FAULTED=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN="${2:-}"; shift 2 ;;
         --out) OUT="${2:-}"; shift 2 ;;
         --lock-dir) LOCK="${2:-}"; shift 2 ;;
         --faults) ONLY="${2:-}"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --repeat) REPEAT="${2:-}"; shift 2 ;;
+        --clean-only) FAULTED=0; shift ;;
+        --no-clean) CLEAN=0; shift ;;
+        -h|--help) sed -n '2,/^set -u/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         --*) die "unknown option $1 (see --help)" ;;
         *) break ;;
     esac
@@ -39,7 +46,8 @@ missing=()
 run_one() {
     local unit="$1" name="$2" fault="$3" tag="${3:-clean}" log rc rec
     log="$OUT/logs/$name.$tag.log"
-    local args=(run "$unit" --legs engine --records-dir "$OUT/records" --quiet)
+    local args=(run "$unit" --legs engine --records-dir "$OUT/records" --quiet
+        --repeat "$REPEAT" --warmup 1)
     [ -n "$LOCK" ] && args+=(--lock-dir "$LOCK")
     if [ -n "$fault" ]; then
         ENGINE_FAULT="$fault" "$ORCH" "${args[@]}" >"$log" 2>&1
@@ -62,7 +70,8 @@ for unit in "$@"; do
     plan=$("$ORCH" faults plan "$unit") || die "cannot plan the faults of $unit"
     printf '%s\n' "$plan" | sed '$d' | sed "s/^/[fault-table] $name: /" >&2
     faults=$(printf '%s\n' "$plan" | tail -1)
-    run_one "$unit" "$name" ""
+    [ "$CLEAN" = 1 ] && run_one "$unit" "$name" ""
+    [ "$FAULTED" = 1 ] || continue
     for f in ${faults//,/ }; do
         if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$f,"* ]]; then
             continue

@@ -47,6 +47,13 @@ enum Cmd {
         /// other say "not applicable" and why (a planted-fault run needs only the engine).
         #[arg(long, default_value = "both", value_parser = LegChoice::parse)]
         legs: LegChoice,
+        /// Timed passes over the battery, instead of the unit's [battery] repeat (the record's
+        /// unit configuration says what ran; `compare` refuses records that differ in it).
+        #[arg(long)]
+        repeat: Option<u32>,
+        /// Untimed warm-up passes, instead of the unit's [battery] warmup.
+        #[arg(long)]
+        warmup: Option<u32>,
     },
     /// Preflight alone: unit, prompts, model, goldens, engine binary, `python -m oracle check`.
     Check {
@@ -306,6 +313,8 @@ fn main() -> ExitCode {
             python,
             quiet,
             legs,
+            repeat,
+            warmup,
         } => run_cmd(
             &unit,
             &RunOptions {
@@ -315,6 +324,8 @@ fn main() -> ExitCode {
                 python,
                 quiet,
                 legs,
+                repeat,
+                warmup,
             },
         ),
         Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),

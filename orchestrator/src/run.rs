@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Which legs run (`--legs`; default both).
     pub legs: LegChoice,
+    /// Overrides of `[battery] repeat` and `warmup` (`--repeat`, `--warmup`): the record's unit
+    /// configuration holds the values that ran.
+    pub repeat: Option<u32>,
+    pub warmup: Option<u32>,
 }
 
 pub const EXIT_PASS: i32 = 0;
@@ -52,13 +56,19 @@ pub struct Outcome {
 pub fn run(unit_path: &Path, opts: &RunOptions) -> Result<Outcome, String> {
     let (report, checked) =
         preflight::preflight_legs(unit_path, opts.python.as_deref(), !opts.quiet, opts.legs);
-    let Some(checked) = checked else {
+    let Some(mut checked) = checked else {
         let lines: Vec<String> = report.failures.iter().map(|f| format!("  {f}")).collect();
         return Err(format!(
             "preflight failed, nothing was run:\n{}",
             lines.join("\n")
         ));
     };
+    let battery = &mut checked.unit.config.battery;
+    if opts.repeat == Some(0) {
+        return Err("--repeat 0 measures nothing; give 1 or more".into());
+    }
+    battery.repeat = opts.repeat.unwrap_or(battery.repeat);
+    battery.warmup = opts.warmup.unwrap_or(battery.warmup);
     let idle = gates::idle::GpuIdleCheck::nvml(checked.unit.config.lease.idle_max_used_mib);
     run_checked(&checked, opts, &idle)
 }
