@@ -1,6 +1,6 @@
 //! `orchestrator clock sample` and `clock compare`: the GPU clock state on its own, on saved
-//! series (a run's `<stem>.<leg>.samples.jsonl`, or what `clock sample` wrote), judged by the
-//! clock gate with its default thresholds.
+//! series (a run's `<stem>.<leg>.samples.jsonl.gz`, `.jsonl` in older records, or what
+//! `clock sample` wrote), judged by the clock gate with its default thresholds.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -140,7 +140,8 @@ mod tests {
             p
         };
         let a = write("a.jsonl", series(|_| 1980, 0, true, 200));
-        let b = write("b.jsonl", series(|_| 1980, 0, true, 200));
+        // A run's series is compressed; clock compare reads either form.
+        let b = write("b.jsonl.gz", series(|_| 1980, 0, true, 200));
         let c = write("c.jsonl", series(|_| 1980, 0x4, false, 10));
         let cfg = ClockCfg::default();
         let code = |r: Result<Said, String>| r.map_or(2, |s| s.exit);

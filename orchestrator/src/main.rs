@@ -139,8 +139,9 @@ enum FaultsCmd {
 
 #[derive(Subcommand)]
 enum ClockCmd {
-    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines) and
-    /// prints its summary. Observes only. Exit 2 when there is no GPU to sample.
+    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines,
+    /// gzip-compressed when it ends in .gz) and prints its summary. Observes only. Exit 2 when
+    /// there is no GPU to sample.
     Sample {
         #[arg(long)]
         seconds: f64,
@@ -152,8 +153,8 @@ enum ClockCmd {
         #[arg(long, default_value_t = 20)]
         period_ms: u64,
     },
-    /// The clock gate on two series (from `clock sample` or a run's <stem>.<leg>.samples.jsonl),
-    /// with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
+    /// The clock gate on two series (from `clock sample` or a run's
+    /// <stem>.<leg>.samples.jsonl.gz, .jsonl in older records), with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
     /// no GPU data.
     Compare {
         a: PathBuf,

@@ -11,7 +11,7 @@ use crate::legs::process::{
     describe_status, run_passes, status_code, tail_lines, Fault, LegProcess,
 };
 use crate::legs::progress::Progress;
-use crate::legs::protocol::{self, Ready};
+use crate::legs::protocol::{Ready, Request};
 use crate::legs::record::{LegFailure, LegRecord, PhaseTime, PriorStart};
 use crate::legs::sampler::{LegSampler, SamplerSpec};
 use crate::legs::spec::{BatteryPlan, LegSpec};
@@ -236,7 +236,7 @@ impl LegRun {
         let deadline = Phase::Shutdown.deadline(&self.wd);
         let started = Instant::now();
         // A leg that already died fails the send; its exit status is collected below.
-        let _ = p.send(protocol::SHUTDOWN_LINE).await;
+        let _ = p.send(&Request::Shutdown.line()).await;
         p.stdin = None; // end of stdin means shutdown too
         let r = tokio::time::timeout(deadline, p.child.wait()).await;
         let outcome = match r {

@@ -8,7 +8,7 @@ use tokio::io::{AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::legs::progress::Progress;
-use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
+use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready, Request};
 use crate::legs::record::{RequestKind, RequestRecord};
 use crate::legs::spec::BatteryPlan;
 use crate::legs::watchdog::Phase;
@@ -97,7 +97,7 @@ impl LegProcess {
             Event::Error(e) => Err(Fault::ErrorEvent(e)),
             other => Err(Fault::Protocol(format!(
                 "sent {} before ready",
-                event_name(&other)
+                other.describe()
             ))),
         }
     }
@@ -111,10 +111,14 @@ impl LegProcess {
         batch: u32,
         prog: &mut Progress,
     ) -> Result<(Vec<PromptResult>, f64), Fault> {
-        self.send(&protocol::generate_line(
-            id, prompts, max_tokens, ignore_eos, batch,
-        ))
-        .await?;
+        let req = Request::Generate {
+            id,
+            prompts,
+            max_tokens,
+            ignore_eos,
+            batch,
+        };
+        self.send(&req.line()).await?;
         let mut results: Vec<Option<PromptResult>> = vec![None; prompts.len()];
         loop {
             match self.next_event().await? {
@@ -154,21 +158,11 @@ impl LegProcess {
                 other => {
                     return Err(Fault::Protocol(format!(
                         "sent {} while request {id:?} was being answered",
-                        event_name(&other)
+                        other.describe()
                     )))
                 }
             }
         }
-    }
-}
-
-pub(super) fn event_name(e: &Event) -> String {
-    match e {
-        Event::Ready(_) => "a ready event".into(),
-        Event::Result(r) => format!("a result for request {:?}", r.id),
-        Event::Verified(v) => format!("a verified for request {:?}", v.id),
-        Event::Done(d) => format!("done for request {:?}", d.id),
-        Event::Error(_) => "an error event".into(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The leg protocol of docs/PROTOCOL.md: the events a leg sends and the requests we send it.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -10,12 +11,18 @@ pub struct Kv {
     pub capacity_tokens: u64,
     #[serde(default)]
     pub bytes: Option<u64>,
-    /// Keys a leg may add (vLLM's `vllm_reported_tokens`), kept for the record.
+    /// Keys a leg may add (`resize_option`; vLLM's `vllm_reported_tokens`), kept for the record.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
 
 impl Kv {
+    /// The option of the leg's own that sizes its pool in blocks (`resize_option`, e.g. vLLM's
+    /// `num_gpu_blocks_override`), where the leg names one: the kv gate's resize sets it.
+    pub fn resize_option(&self) -> Option<&str> {
+        self.extra.get("resize_option").and_then(Value::as_str)
+    }
+
     /// Pools within `tolerance_blocks` of the larger block size count as the same.
     pub fn within(&self, other: &Kv, tolerance_blocks: u64) -> bool {
         let slack = tolerance_blocks * self.block_size.max(other.block_size);
@@ -127,6 +134,8 @@ pub struct ErrorEvent {
     pub fatal: bool,
 }
 
+/// Every event a leg may send, by its `type`. A new event is a variant here, a line in
+/// [`parse_event`] and one in [`Event::describe`].
 #[derive(Debug, Clone)]
 pub enum Event {
     Ready(Box<Ready>),
@@ -134,6 +143,19 @@ pub enum Event {
     Verified(Verified),
     Done(Done),
     Error(ErrorEvent),
+}
+
+impl Event {
+    /// The event in words, for a sentence saying it came when it should not have.
+    pub fn describe(&self) -> String {
+        match self {
+            Event::Ready(_) => "a ready event".into(),
+            Event::Result(r) => format!("a result for request {:?}", r.id),
+            Event::Verified(v) => format!("a verified for request {:?}", v.id),
+            Event::Done(d) => format!("done for request {:?}", d.id),
+            Event::Error(_) => "an error event".into(),
+        }
+    }
 }
 
 /// Why a stdout line is not a protocol event; the caller quotes the line.
@@ -168,65 +190,48 @@ pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
         .and_then(Value::as_str)
         .ok_or(LineProblem::NoType)?
         .to_string();
-    let bad = |e: serde_json::Error| LineProblem::BadFields(ty.clone(), e.to_string());
+    fn fields<T: DeserializeOwned>(ty: &str, v: Value) -> Result<T, LineProblem> {
+        serde_json::from_value(v).map_err(|e| LineProblem::BadFields(ty.into(), e.to_string()))
+    }
     match ty.as_str() {
-        "ready" => Ok(Event::Ready(Box::new(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        ))),
-        "result" => Ok(Event::Result(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        )),
-        "verified" => Ok(Event::Verified(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        )),
-        "done" => Ok(Event::Done(serde_json::from_value(v.clone()).map_err(bad)?)),
-        "error" => Ok(Event::Error(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        )),
+        "ready" => Ok(Event::Ready(Box::new(fields(&ty, v)?))),
+        "result" => Ok(Event::Result(fields(&ty, v)?)),
+        "verified" => Ok(Event::Verified(fields(&ty, v)?)),
+        "done" => Ok(Event::Done(fields(&ty, v)?)),
+        "error" => Ok(Event::Error(fields(&ty, v)?)),
         _ => Err(LineProblem::UnknownType(ty)),
     }
 }
 
+/// Every request the orchestrator sends, tagged by `type`. A new request is a variant here.
 #[derive(Debug, Clone, Serialize)]
-pub struct Generate<'a> {
-    #[serde(rename = "type")]
-    pub ty: &'static str,
-    pub id: &'a str,
-    pub prompts: &'a [Vec<u32>],
-    pub max_tokens: u32,
-    pub ignore_eos: bool,
-    pub batch: u32,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request<'a> {
+    Generate {
+        id: &'a str,
+        prompts: &'a [Vec<u32>],
+        max_tokens: u32,
+        ignore_eos: bool,
+        batch: u32,
+    },
+    /// Teacher forcing, untimed (the token gate's; docs/PROTOCOL.md).
+    Verify {
+        id: &'a str,
+        prompts: &'a [Vec<u32>],
+        forced: &'a [Vec<u32>],
+        batch: u32,
+    },
+    Shutdown,
 }
 
-pub fn generate_line(
-    id: &str,
-    prompts: &[Vec<u32>],
-    max_tokens: u32,
-    ignore_eos: bool,
-    batch: u32,
-) -> String {
-    let g = Generate {
-        ty: "generate",
-        id,
-        prompts,
-        max_tokens,
-        ignore_eos,
-        batch,
-    };
-    let mut s = serde_json::to_string(&g).expect("a generate request always serializes");
-    s.push('\n');
-    s
+impl Request<'_> {
+    /// The request as one protocol line, newline included.
+    pub fn line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("a request always serializes");
+        s.push('\n');
+        s
+    }
 }
-
-/// The `verify` request: teacher forcing, untimed (docs/PROTOCOL.md).
-pub fn verify_line(id: &str, prompts: &[Vec<u32>], forced: &[Vec<u32>], batch: u32) -> String {
-    let v = serde_json::json!({
-        "type": "verify", "id": id, "prompts": prompts, "forced": forced, "batch": batch,
-    });
-    format!("{v}\n")
-}
-
-pub const SHUTDOWN_LINE: &str = "{\"type\":\"shutdown\"}\n";
 
 #[cfg(test)]
 mod tests {
@@ -249,6 +254,23 @@ mod tests {
         assert!(kv(16, 33).within(&kv(512, 1), 1));
         assert_eq!(blocks_for(1000, 16), 63);
         assert_eq!(blocks_for(1024, 16), 64);
+    }
+
+    #[test]
+    fn requests_are_one_line_each_tagged_by_type() {
+        let prompts = vec![vec![1, 2]];
+        let g = Request::Generate {
+            id: "r0-n8",
+            prompts: &prompts,
+            max_tokens: 8,
+            ignore_eos: true,
+            batch: 1,
+        };
+        assert_eq!(
+            g.line(),
+            "{\"type\":\"generate\",\"id\":\"r0-n8\",\"prompts\":[[1,2]],\"max_tokens\":8,\"ignore_eos\":true,\"batch\":1}\n"
+        );
+        assert_eq!(Request::Shutdown.line(), "{\"type\":\"shutdown\"}\n");
     }
 
     #[test]
@@ -278,9 +300,15 @@ mod tests {
         let e = parse_event(r#"{"type":"verified","id":"v","index":0,"argmax":[3],"gap":[0.5],"scale":null,"path":"prefill"}"#).unwrap();
         let Event::Verified(v) = e else { panic!() };
         assert_eq!((v.scale, v.path.as_str()), (None, "prefill"));
+        let v = Request::Verify {
+            id: "v8",
+            prompts: &[vec![1, 2]],
+            forced: &[vec![3]],
+            batch: 8,
+        };
         assert_eq!(
-            verify_line("v8", &[vec![1, 2]], &[vec![3]], 8),
-            "{\"batch\":8,\"forced\":[[3]],\"id\":\"v8\",\"prompts\":[[1,2]],\"type\":\"verify\"}\n"
+            v.line(),
+            "{\"type\":\"verify\",\"id\":\"v8\",\"prompts\":[[1,2]],\"forced\":[[3]],\"batch\":8}\n"
         );
     }
 }

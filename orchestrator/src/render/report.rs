@@ -5,10 +5,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::numbers::axes::{per_token_ratio, Axis};
 use crate::numbers::noise::{self, LegNoise};
-use crate::record::archive::{self, AxisView, RecordView, Rejected, Stored, TimingsView};
+use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
 use crate::render::chart;
-use crate::render::table::{self, esc, RatioRow, RATIO_HEADER};
+use crate::render::run::{leg_suffix, verdict_tag, Format};
+use crate::render::table::{self, esc, ratio_cells, RATIO_HEADER};
 use crate::util::fmt::{and_list, fmt_num};
 
 /// The Markdown, and each chart as (file name under the charts directory, SVG).
@@ -33,11 +35,8 @@ fn latest_table(rec: &RecordView) -> String {
     table::markdown(
         RATIO_HEADER,
         rec.axes.iter().map(|a| {
-            let mut row = RatioRow::from(a);
-            if !rec.gated(a, false) && a.ratio.is_some() {
-                row.words = format!("{} (not gated)", row.words);
-            }
-            row.cells()
+            let ungated = !rec.gated(a, false) && a.ratio.is_some();
+            ratio_cells(a, if ungated { " (not gated)" } else { "" })
         }),
     )
 }
@@ -125,19 +124,18 @@ fn no_speed_number(rec: &RecordView) -> String {
 fn judged(rec: &RecordView) -> String {
     let mut s = String::from("Gate verdicts:\n\n");
     for g in &rec.gates {
-        let leg = g
-            .leg
-            .as_ref()
-            .map(|l| format!(" ({l})"))
-            .unwrap_or_default();
-        let line = match g.verdict.as_str() {
-            "refused" => format!("- **REFUSED**, {}{leg}: quoted above", g.gate),
-            "pass" => format!("- pass, {}{leg}: {}", g.gate, esc(&g.sentence)),
-            "not_applicable" => format!("- not applicable, {}{leg}: {}", g.gate, esc(&g.sentence)),
-            other => format!("- {}, {}{leg}: {}", esc(other), g.gate, esc(&g.sentence)),
+        // A refusal is quoted in full under the table.
+        let said = if g.refused() {
+            "quoted above".into()
+        } else {
+            esc(&g.sentence)
         };
-        s.push_str(&line);
-        s.push('\n');
+        s.push_str(&format!(
+            "- {}, {}{}: {said}\n",
+            esc(verdict_tag(&g.verdict, Format::Markdown)),
+            g.gate,
+            leg_suffix(g.leg.as_ref())
+        ));
     }
     if rec.gates.is_empty() {
         s.push_str("- none recorded\n");
@@ -163,18 +161,8 @@ fn judged(rec: &RecordView) -> String {
         )
     };
     let (e, o) = (leg(&rec.timings.engine), leg(&rec.timings.oracle));
-    s.push_str(&format!(
-        "- {}\n- {}\n",
-        esc(&e.sentence("engine")),
-        esc(&o.sentence("oracle"))
-    ));
-    let ratio = rec
-        .axes
-        .iter()
-        .find(|a| a.axis.starts_with("per output token"))
-        .and_then(|a| a.ratio);
-    if let Some(v) = noise::verdict(ratio, &e, &o) {
-        s.push_str(&format!("- so {}\n", esc(&v)));
+    for l in noise::lines(&e, &o, per_token_ratio(&rec.axes)) {
+        s.push_str(&format!("- {}\n", esc(&l)));
     }
     s.push('\n');
     s
@@ -192,7 +180,7 @@ fn per_tree<'a>(records: &[&'a Stored]) -> Vec<&'a Stored> {
     v
 }
 
-fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a AxisView, f64, bool)> {
+fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a Axis, f64, bool)> {
     let a = rec.axes.iter().find(|a| axis_key(&a.axis) == key)?;
     Some((a, a.ratio?, rec.gated(a, false)))
 }

@@ -243,18 +243,7 @@ mod tests {
             phase: "battery".into(),
         });
         for i in 0..50u64 {
-            rows.push(Row::Gpu {
-                t_us: i * 20_000,
-                phase: "battery".into(),
-                sm_mhz: Some(1980),
-                mem_mhz: None,
-                power_mw: None,
-                temp_c: None,
-                throttle: None,
-                persistence: None,
-                used_bytes: None,
-                procs: None,
-            });
+            rows.push(Row::poll(i * 20_000, "battery", Some(1980)));
             rows.push(Row::Util {
                 t_us: i * 20_000,
                 phase: "battery".into(),

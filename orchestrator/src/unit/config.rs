@@ -116,26 +116,13 @@ impl Default for EngineCfg {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OracleBackend {
-    Transformers,
-    Vllm,
-}
-
-impl OracleBackend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OracleBackend::Transformers => "transformers",
-            OracleBackend::Vllm => "vllm",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OracleCfg {
-    pub backend: OracleBackend,
+    /// The oracle's backend, as `python -m oracle` names it: the list is the oracle's own
+    /// (oracle/backends/__init__.py), and preflight's `python -m oracle check --backend` refuses
+    /// a name it does not know.
+    pub backend: String,
     #[serde(default = "default_python")]
     pub python: String,
     #[serde(default = "default_cpu")]

@@ -16,8 +16,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use config::{
-    Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleBackend, OracleCfg,
-    SamplerCfg, UnitFile, WatchdogCfg,
+    Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleCfg, SamplerCfg, UnitFile,
+    WatchdogCfg,
 };
 pub use data::{
     load_golden, load_prompts, Golden, GoldenCapture, GoldenOutput, Prompt, PromptsFile,
@@ -235,10 +235,11 @@ pub fn device_kind(device: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    /// The smallest unit that parses: every other key takes its default.
+    pub const MINIMAL: &str = r#"
 name = "t"
 model = "model"
 [battery]

@@ -465,6 +465,24 @@ mod tests {
         std::fs::write(p, b).unwrap();
     }
 
+    /// The backends are the oracle's list (oracle/backends/__init__.py), not a second one here:
+    /// a unit names any backend, and the oracle's own check refuses one it does not serve.
+    #[test]
+    fn an_unknown_backend_is_refused_by_the_oracles_own_check() {
+        let unit = Unit::parse(
+            Path::new("/x/unit.toml"),
+            "name = \"t\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\n[[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"tensorrt\"\n",
+        )
+        .unwrap();
+        assert_eq!(unit.config.oracle.backend, "tensorrt");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let e = check_oracle("python3", &unit.config.oracle.backend, root).unwrap_err();
+        assert!(
+            e.contains("invalid choice") && e.contains("tensorrt") && e.contains("vllm"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn model_checks_name_what_disagrees() {
         let d = tempfile::tempdir().unwrap();

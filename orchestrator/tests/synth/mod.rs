@@ -34,7 +34,7 @@ pub struct Synth {
     pub seed: u64,
     pub token_refused: bool,
     pub kv_refused: bool,
-    /// The orchestrator_version the record claims (0.1.0 has a known erratum: archive.rs).
+    /// The orchestrator_version the record claims (0.1.0 has a known erratum: record/archive.rs).
     pub version: String,
     /// The oracle's times are multiplied by this and its throughput divided (a host-bound
     /// oracle on a slower host).
@@ -114,12 +114,7 @@ impl Synth {
         let n = e_ptx.len();
         let mut axes = vec![];
         let mut axis = |name: String, unit: &str, better: Better, ours: f64, oracle: f64| {
-            let b = match better {
-                Better::Lower => "lower",
-                Better::Higher => "higher",
-                Better::LessMemory => "less_memory",
-                Better::Neither => "neither",
-            };
+            let b = better.as_str();
             let memory = matches!(better, Better::LessMemory | Better::Neither);
             axes.push(json!({
                 "axis": name, "unit": unit, "better": b, "ours": ours, "oracle": oracle,

@@ -6,9 +6,9 @@
 use std::time::Instant;
 
 use super::LegRun;
-use crate::legs::process::{event_name, Fault, LegProcess};
+use crate::legs::process::{Fault, LegProcess};
 use crate::legs::progress::Progress;
-use crate::legs::protocol::{self, Event};
+use crate::legs::protocol::{Event, Request};
 use crate::legs::record::PhaseTime;
 use crate::legs::verified::{VerifiedRow, VerifyPlan, VerifyRecord};
 use crate::legs::watchdog::Phase;
@@ -21,13 +21,13 @@ impl LegProcess {
         batch: u32,
         prog: &mut Progress,
     ) -> Result<VerifyRecord, Fault> {
-        self.send(&protocol::verify_line(
+        let req = Request::Verify {
             id,
-            &plan.prompts,
-            &plan.forced,
+            prompts: &plan.prompts,
+            forced: &plan.forced,
             batch,
-        ))
-        .await?;
+        };
+        self.send(&req.line()).await?;
         let n = plan.prompts.len();
         let mut rows: Vec<Option<VerifiedRow>> = vec![None; n];
         loop {
@@ -73,7 +73,7 @@ impl LegProcess {
                 other => {
                     return Err(Fault::Protocol(format!(
                         "sent {} while request {id:?} was being answered",
-                        event_name(&other)
+                        other.describe()
                     )))
                 }
             }

@@ -3,8 +3,9 @@
 //! reasons, persistence, per-process memory, and utilization from the driver's own sample
 //! buffer) and host memory of the leg's process tree through sysinfo. The orchestrator marks the
 //! leg's phases on a shared [`PhaseMarker`]; every row carries the phase it fell in. The series
-//! is kept beside the record as JSON lines (`<stem>.<leg>.samples.jsonl`, docs/RECORD.md), the
-//! summary goes into the leg record, and the threads' own CPU time is measured and reported.
+//! is kept beside the record as gzip-compressed JSON lines (`<stem>.<leg>.samples.jsonl.gz`,
+//! docs/RECORD.md; series.rs), the summary goes into the leg record, and the threads' own CPU
+//! time is measured and reported.
 //!
 //! No NVML (no GPU, no driver) is said once, and the GPU gates then say "not applicable: no GPU".
 

@@ -417,26 +417,22 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), None);
     }
 
-    fn poll(t_us: u64, used_mib: u64, procs: Option<Vec<(u32, u64)>>) -> Row {
-        Row::Gpu {
-            t_us,
-            phase: "load".into(),
-            sm_mhz: Some(1980),
-            mem_mhz: None,
-            power_mw: None,
-            temp_c: None,
-            throttle: None,
-            persistence: None,
-            used_bytes: Some(used_mib << 20),
-            procs: procs.map(|v| {
-                v.into_iter()
-                    .map(|(pid, mib)| super::super::ProcMem {
-                        pid,
-                        bytes: mib << 20,
-                    })
-                    .collect()
-            }),
+    fn poll(t_us: u64, used_mib: u64, leg: Option<Vec<(u32, u64)>>) -> Row {
+        let mut row = Row::poll(t_us, "load", Some(1980));
+        if let Row::Gpu {
+            used_bytes, procs, ..
+        } = &mut row
+        {
+            *used_bytes = Some(used_mib << 20);
+            *procs = leg.map(|v| {
+                let mem = |(pid, mib): (u32, u64)| super::super::ProcMem {
+                    pid,
+                    bytes: mib << 20,
+                };
+                v.into_iter().map(mem).collect()
+            });
         }
+        row
     }
 
     #[test]
