@@ -122,8 +122,22 @@ fn read_run(path: &Path) -> Option<Run> {
         fault: fault.join(","),
         token: gates("token"),
         leg: gates("leg"),
-        fingerprint: serde_json::json!({"verify": e["verify"], "tokens": tokens}),
+        fingerprint: serde_json::json!({"verify": logits(&e["verify"]), "tokens": tokens}),
     })
+}
+
+/// What a leg's verify answers say of its logits: per request its batch size and rows (argmax,
+/// gap and scale where they differ), without its id or wall time, which differ run to run.
+fn logits(verify: &Value) -> Value {
+    let v: Vec<Value> = verify
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| serde_json::json!({"batch": r["batch"], "rows": r["rows"]}))
+                .collect()
+        })
+        .unwrap_or_default();
+    Value::Array(v)
 }
 
 /// The worst teacher-forced position of a refusal: not finite, then not judgeable, then the
@@ -395,7 +409,7 @@ mod tests {
                 {"prompt": "p1", "position": 7, "batch": 8, "argmax": 2, "golden": 5, "gap": 2.0,
                  "margin": 0.1, "tolerance": 0.25, "judged": "over"}]}}});
         record(d.path(), "2", &["kv_group"], refused, json!([1, 9, 9]));
-        record(d.path(), "3", &["norm_skip"], pass(), json!([1, 2, 3]));
+        record(d.path(), "3.0", &["norm_skip"], pass(), json!([1, 2, 3]));
         let s = table(d.path()).unwrap();
         assert_eq!(s.exit, 0, "{}", s.out);
         assert!(
