@@ -8,6 +8,8 @@
 #
 # --bin DIR     where `orchestrator` is (the units' engine.binary is what runs the engine)
 # --out DIR     OUT/records, OUT/logs/<unit>.<fault>.log (each run's stdout and stderr), the table
+# --engine PATH copy PATH to target/release/engine first, where the units name their engine (as
+#               scripts/gpu-run.sh --bin does; e.g. .gpu/engine from scripts/stage-gpu.sh)
 # --lock-dir D  the lease's lock directory (default: the units' own)
 # --faults A,B  only these faults (still only where they apply)
 # --repeat N    timed passes per run (default 1: the token gate needs one; the timings are not
@@ -20,12 +22,13 @@ set -u
 
 die() { echo "fault-table: $*" >&2; exit 2; }
 
-BIN="" OUT="" LOCK="" ONLY="" REPEAT=1 CLEAN=1 FAULTED=1
+BIN="" OUT="" LOCK="" ONLY="" REPEAT=1 CLEAN=1 FAULTED=1 ENGINE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN="${2:-}"; shift 2 ;;
         --out) OUT="${2:-}"; shift 2 ;;
         --lock-dir) LOCK="${2:-}"; shift 2 ;;
+        --engine) ENGINE="${2:-}"; shift 2 ;;
         --faults) ONLY="${2:-}"; shift 2 ;;
         --repeat) REPEAT="${2:-}"; shift 2 ;;
         --clean-only) FAULTED=0; shift ;;
@@ -40,6 +43,19 @@ done
 ORCH="$BIN/orchestrator"
 [ -x "$ORCH" ] || die "$ORCH is not an executable (build it: cargo build --release -p orchestrator)"
 mkdir -p "$OUT/records" "$OUT/logs" || die "cannot create $OUT"
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ -n "$ENGINE" ]; then
+    [ -x "$ENGINE" ] || die "--engine $ENGINE is not an executable"
+    mkdir -p "$root/target/release"
+    if ! cmp -s "$ENGINE" "$root/target/release/engine"; then
+        cp "$ENGINE" "$root/target/release/engine.tmp" &&
+            mv "$root/target/release/engine.tmp" "$root/target/release/engine" ||
+            die "cannot copy $ENGINE to $root/target/release/engine"
+        echo "[fault-table] engine: copied $ENGINE to $root/target/release/engine" >&2
+    fi
+fi
+[ -x "$root/target/release/engine" ] &&
+    echo "[fault-table] engine: $root/target/release/engine, sha256 $(sha256sum "$root/target/release/engine" | cut -c1-16)" >&2
 
 missing=()
 # One engine-only run; $1 unit, $2 its name, $3 the fault ("" for clean).
