@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 from oracle.backends import VerifyResult  # noqa: E402
 from oracle.backends.vllm_backend import VERIFY_TOPK, VllmBackend  # noqa: E402
 from oracle.backends.vllm_logprobs import argmax_and_gap, verified_from_prompt_logprobs  # noqa: E402
-from oracle.protocol import TOO_LONG, Limits, ProtocolError, VerifyRequest  # noqa: E402
+from oracle.protocol import TOO_LONG, GenerateRequest, Limits, ProtocolError, VerifyRequest  # noqa: E402
 
 VOCAB = 50
 
@@ -173,10 +173,12 @@ class FakeEngine:
         if not self.waiting:
             return []
         rid, tokens, params = self.waiting.pop(-1)  # the newest first: completion order != index order
-        plp = prompt_logprobs_like_vllm(tokens, params.prompt_logprobs)
+        k = getattr(params, "prompt_logprobs", None)
+        plp = prompt_logprobs_like_vllm(tokens, k) if k is not None else None
         unfinished = SimpleNamespace(request_id="999", finished=False, outputs=[])
+        own = [int(torch.argmax(fake_logits(tokens)))]
         return [unfinished, SimpleNamespace(request_id=rid, finished=True, prompt_logprobs=plp,
-                                            outputs=[SimpleNamespace(token_ids=[0], logprobs=None)])]
+                                            outputs=[SimpleNamespace(token_ids=own, logprobs=None)])]
 
     def has_unfinished_requests(self):
         return bool(self.waiting)
@@ -187,7 +189,22 @@ def fake_backend(max_model_len=64):
     b.llm = FakeEngine()
     b.SamplingParams = SimpleNamespace  # keeps the keyword arguments as attributes
     b.limits = Limits(vocab_size=VOCAB, max_model_len=max_model_len, kv_capacity_tokens=None)
+    b.info = SimpleNamespace(eos_ids=[2])
     return b
+
+
+def test_generate_shares_the_loop_and_its_batch_limit():
+    b = fake_backend()
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    got = []
+    b.generate(GenerateRequest("g", prompts, 1, True, 2), got.append)
+    assert b.llm.max_inflight == 2
+    p = b.llm.params[0]
+    assert (p.max_tokens, p.temperature, p.ignore_eos, p.detokenize) == (1, 0.0, True, False)
+    assert not hasattr(p, "prompt_logprobs") and not hasattr(p, "stop_token_ids")
+    assert sorted(r.index for r in got) == [0, 1, 2]
+    for r in got:
+        assert r.tokens == [int(torch.argmax(fake_logits(prompts[r.index])))] and r.elapsed_s > 0
 
 
 def test_verify_sends_prompt_plus_forced_with_prompt_logprobs_batch_at_a_time():
