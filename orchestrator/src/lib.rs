@@ -19,5 +19,6 @@ pub mod render;
 
 pub mod clock;
 pub mod compare;
+pub mod faults;
 pub mod report;
 pub mod run;

@@ -11,7 +11,7 @@ use orchestrator::numbers::regress::{self, Thresholds};
 use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
-use orchestrator::unit::preflight;
+use orchestrator::unit::{preflight, LegChoice};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -43,6 +43,17 @@ enum Cmd {
         /// No progress lines on stderr.
         #[arg(long, short)]
         quiet: bool,
+        /// Which legs to run: "engine", "oracle" or "both". With one, the gates that need the
+        /// other say "not applicable" and why (a planted-fault run needs only the engine).
+        #[arg(long, default_value = "both", value_parser = LegChoice::parse)]
+        legs: LegChoice,
+        /// Timed passes over the battery, instead of the unit's [battery] repeat (the record's
+        /// unit configuration says what ran; `compare` refuses records that differ in it).
+        #[arg(long)]
+        repeat: Option<u32>,
+        /// Untimed warm-up passes, instead of the unit's [battery] warmup.
+        #[arg(long)]
+        warmup: Option<u32>,
     },
     /// Preflight alone: unit, prompts, model, goldens, engine binary, `python -m oracle check`.
     Check {
@@ -102,6 +113,27 @@ enum Cmd {
     Clock {
         #[command(subcommand)]
         cmd: ClockCmd,
+    },
+    /// The planted-fault evidence (scripts/fault-table.sh runs these around the runs).
+    Faults {
+        #[command(subcommand)]
+        cmd: FaultsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum FaultsCmd {
+    /// The engine faults (ENGINE_FAULT) that apply to a unit, each with why; the last line
+    /// lists them, comma-separated. Exit 2 when the unit or its model cannot be read.
+    Plan { unit: PathBuf },
+    /// The fault table from the records of engine-only runs under DIR (one clean run and one
+    /// per fault, per unit), in Markdown. Exit 0: every fault that changed the model refused and
+    /// every clean leg passed; 1: otherwise; 2: no record.
+    Table {
+        dir: PathBuf,
+        /// Also write the table to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -249,6 +281,29 @@ fn compare_cmd(
     }
 }
 
+fn faults_cmd(cmd: FaultsCmd) -> ExitCode {
+    use orchestrator::faults;
+    let r = match &cmd {
+        FaultsCmd::Plan { unit } => faults::plan_command(unit),
+        FaultsCmd::Table { dir, out } => faults::table(dir).and_then(|s| match out {
+            Some(p) => std::fs::write(p, &s.out)
+                .map(|()| s)
+                .map_err(|e| format!("cannot write {} ({e})", p.display())),
+            None => Ok(s),
+        }),
+    };
+    match r {
+        Ok(s) => {
+            print!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            eprintln!("orchestrator faults: {e}");
+            code(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().cmd {
         Cmd::Run {
@@ -258,6 +313,9 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
+            legs,
+            repeat,
+            warmup,
         } => run_cmd(
             &unit,
             &RunOptions {
@@ -266,6 +324,9 @@ fn main() -> ExitCode {
                 no_wait,
                 python,
                 quiet,
+                legs,
+                repeat,
+                warmup,
             },
         ),
         Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),
@@ -315,6 +376,7 @@ fn main() -> ExitCode {
                     period_ms,
                 },
         } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
+        Cmd::Faults { cmd } => faults_cmd(cmd),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
         } => said(

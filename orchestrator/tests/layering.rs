@@ -16,7 +16,7 @@ const STAGES: &[&[&str]] = &[
     &["numbers"],
     &["record"],
     &["render"],
-    &["run", "report", "compare", "clock"],
+    &["run", "report", "compare", "clock", "faults"],
 ];
 
 const MAX_FILE_LINES: usize = 600;
