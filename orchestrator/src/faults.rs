@@ -270,6 +270,19 @@ fn collect(dir: &Path) -> Units {
 /// Whether the gate did its job on this run, in words, and whether that is a failure.
 fn outcome(run: &Run, clean: Option<&Run>) -> (String, bool) {
     let refused = |gs: &[Value]| gs.iter().any(|g| g["verdict"] == "refused");
+    // The engine refuses to plant a fault its checkpoint would make a no-op (a norm weight of
+    // ones, zero biases: docs/ENGINE.md): that run measured nothing and missed nothing.
+    let inapplicable = run.leg.iter().any(|g| {
+        g["sentence"]
+            .as_str()
+            .is_some_and(|s| s.contains("does not apply to this model"))
+    });
+    if !run.fault.is_empty() && inapplicable {
+        return (
+            "no effect: the engine would not plant it on this checkpoint (it does not apply: its leg's load error says why)".into(),
+            false,
+        );
+    }
     match (run.fault.is_empty(), refused(&run.token), refused(&run.leg)) {
         (true, false, false) => ("ok: clean, passed".into(), false),
         (true, true, _) => ("FAIL: the clean leg's tokens were refused".into(), true),

@@ -85,15 +85,15 @@ fn token(rec: &Value, leg: &str) -> Vec<(String, String)> {
 
 #[test]
 fn a_gap_within_the_dtypes_rounding_passes_and_one_beyond_it_is_refused_naming_the_position() {
-    // The golden's own margin there is 0: its top two tied. float32 at |logit| 3: 16 steps of
-    // 2^-22 = 3.8e-6.
-    let d = unit("--fault=wrong-tokens --gap=1e-6", "", 0.0);
+    // The golden's own margin there is 0: its top two tied. float32 at |logit| 3, one layer:
+    // 1.25 * sqrt(2) * 3 * 2 * 2^-24 = 6.3e-7.
+    let d = unit("--fault=wrong-tokens --gap=1e-7", "", 0.0);
     let (out, rec) = run(d.path(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let v = token(&rec, "engine");
     assert_eq!(v[0].0, "pass", "{v:?}");
     assert!(
-        v[0].1.starts_with("TOKEN MATCH (teacher-forced): 46/48 positions over 3 prompt(s) at batch(es) [1, 2] (path decode); 2 agree within tolerance (the closest: prompt p0 position 5 (batch 1, path decode): the leg's argmax 68, the golden's token 67; leg gap 1.000e-6 + golden margin 0 = 1.000e-6 <= tolerance 3.815e-6"),
+        v[0].1.starts_with("TOKEN MATCH (teacher-forced): 46/48 positions over 3 prompt(s) at batch(es) [1, 2] (path decode); 2 agree within tolerance (the closest: prompt p0 position 5 (batch 1, path decode): the leg's argmax 68, the golden's token 67; leg gap 1.000e-7 + golden margin 0 = 1.000e-7 <= tolerance 6.322e-7"),
         "{v:?}"
     );
     let d = unit("--fault=wrong-tokens --gap=1e-5", "", 0.0);
@@ -102,7 +102,7 @@ fn a_gap_within_the_dtypes_rounding_passes_and_one_beyond_it_is_refused_naming_t
     let v = token(&rec, "engine");
     assert_eq!(v[0].0, "refused", "{v:?}");
     assert!(
-        v[0].1.contains("Engine: prompt p0 position 5 (batch 1, path decode): the leg's argmax 68, the golden's token 67; leg gap 1.000e-5 + golden margin 0 = 1.000e-5 > tolerance 3.815e-6 (16 float32 steps at |logit| 3.000, the leg's own scale)"),
+        v[0].1.contains("Engine: prompt p0 position 5 (batch 1, path decode): the leg's argmax 68, the golden's token 67; leg gap 1.000e-5 + golden margin 0 = 1.000e-5 > tolerance 6.322e-7 (1.25 u sqrt(2L) |logit| per side: float32 and float32, L = 1, |logit| 3.000, the leg's own scale)"),
         "{v:?}"
     );
 }
@@ -181,13 +181,13 @@ fn the_goldens_own_implementation_is_held_to_exact_match_at_batch_1() {
 
 #[test]
 fn a_leg_without_scale_borrows_the_other_legs_and_alone_cannot_be_judged() {
-    let d = unit("--fault=wrong-tokens --gap=1e-6 --scale=none", "", 0.0);
+    let d = unit("--fault=wrong-tokens --gap=1e-7 --scale=none", "", 0.0);
     let (out, rec) = run(d.path(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let v = token(&rec, "engine");
     assert!(
         v[0].1.contains(
-            "(16 float32 steps at |logit| 3.000, the oracle leg's scale at this position)"
+            "(1.25 u sqrt(2L) |logit| per side: float32 and float32, L = 1, |logit| 3.000, the oracle leg's scale at this position)"
         ),
         "{v:?}"
     );

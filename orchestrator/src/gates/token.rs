@@ -342,6 +342,7 @@ fn judge_tallies(input: &GateInput, rec: &LegRecord, file: PathBuf, golden: &Gol
                     golden_dtype: &golden_dtype,
                     batches: &rules.forced,
                     other: Some(other),
+                    layers: unit.model_layers(),
                 },
             )
         }),
@@ -466,8 +467,16 @@ mod tests {
     /// The gate over a CPU unit (golden: transformers, cpu, float32; batch sizes 1 and 4) with
     /// `engine` and a transformers oracle that reproduced the golden.
     fn judge(engine: LegRecord) -> Vec<GateResult> {
+        // The tolerance grows with the model's depth, read from its config.json.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("m")).unwrap();
+        std::fs::write(
+            dir.path().join("m/config.json"),
+            r#"{"num_hidden_layers": 2}"#,
+        )
+        .unwrap();
         let unit = Unit::parse(
-            std::path::Path::new("/u/unit.toml"),
+            &dir.path().join("unit.toml"),
             "name = \"u\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\nmax_tokens = 4\nbatch_sizes = [1, 4]\n\
              [[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"transformers\"\n",
         )

@@ -56,6 +56,14 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// The model's `num_hidden_layers` from its config.json, where it can be read.
+    pub fn model_layers(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.model_dir().join("config.json")).ok()?;
+        let cfg: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let layers = cfg.get("num_hidden_layers")?.as_u64()?;
+        u32::try_from(layers).ok()
+    }
+
     pub fn load(path: &Path) -> Result<Unit, UnitError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             err(

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::tolerance::{self, Dtype, ULPS_PER_SIDE};
+use super::tolerance::{self, Dtype};
 use crate::legs::verified::{Differ, VerifyRecord};
 use crate::legs::LegName;
 use crate::legs::LegRecord;
@@ -66,6 +66,9 @@ pub struct Position {
     pub tolerance: Option<f64>,
     /// The dtypes the tolerance was taken in (leg, golden).
     pub dtypes: Option<(Dtype, Dtype)>,
+    /// The model's layers, which the tolerance grows with.
+    #[serde(default)]
+    pub layers: Option<u32>,
     #[serde(flatten)]
     pub judged: Judged,
 }
@@ -92,18 +95,21 @@ impl Position {
         Some(self.gap? + self.margin?)
     }
 
-    /// "16 bfloat16 steps at |logit| 3.19 (the leg's own scale)".
+    /// "tolerance 0.216 (1.25 u sqrt(2L) |logit| per side: bfloat16 and bfloat16, L = 16,
+    /// |logit| 3.906, the leg's own scale)".
     fn tolerance_words(&self) -> String {
-        match (self.tolerance, self.scale, self.dtypes, self.scale_from) {
-            (Some(t), Some(s), Some((l, g)), Some(from)) => {
-                let steps = if l == g {
-                    format!("{:.0} {l} steps", 2.0 * ULPS_PER_SIDE)
-                } else {
-                    format!("{ULPS_PER_SIDE:.0} {l} steps + {ULPS_PER_SIDE:.0} {g} steps")
-                };
+        match (
+            self.tolerance,
+            self.scale,
+            self.dtypes,
+            self.scale_from,
+            self.layers,
+        ) {
+            (Some(t), Some(s), Some((l, g)), Some(from), Some(layers)) => {
                 format!(
-                    "tolerance {} ({steps} at |logit| {}, {from})",
+                    "tolerance {} ({} u sqrt(2L) |logit| per side: {l} and {g}, L = {layers}, |logit| {}, {from})",
                     fmt_num(t),
+                    tolerance::C,
                     fmt_num(s)
                 )
             }
@@ -211,6 +217,8 @@ pub struct ForcedInput<'a> {
     pub batches: &'a [u32],
     /// The other leg, whose scale stands in where this leg reports none.
     pub other: Option<&'a LegRecord>,
+    /// The model's `num_hidden_layers` (config.json), which the tolerance grows with.
+    pub layers: Option<u32>,
 }
 
 /// The other leg's scale at (prompt index, position), preferring the same batch size.
@@ -253,11 +261,15 @@ fn judge_one(
     let dtypes = Dtype::parse(inp.leg_dtype).zip(Dtype::parse(inp.golden_dtype));
     let tol = scale
         .zip(dtypes)
-        .map(|(s, (l, g))| tolerance::tolerance(l, g, s));
+        .zip(inp.layers)
+        .map(|((s, (l, g)), layers)| tolerance::tolerance(l, g, layers, s));
     let judged = match (gap, margin, tol) {
         (None, _, _) => Judged::NotFinite,
         (_, None, _) => Judged::CannotJudge {
             why: "the golden records no margin there".into(),
+        },
+        (_, _, None) if inp.layers.is_none() => Judged::CannotJudge {
+            why: "the model's config.json gives no num_hidden_layers, which the tolerance grows with".into(),
         },
         (_, _, None) if dtypes.is_none() => Judged::CannotJudge {
             why: format!(
@@ -287,6 +299,7 @@ fn judge_one(
         scale_from,
         tolerance: tol,
         dtypes,
+        layers: inp.layers,
         judged,
     }
 }
@@ -432,6 +445,7 @@ mod tests {
             golden_dtype: "bfloat16",
             batches: &[1, 8],
             other,
+            layers: Some(16),
         }
     }
 
@@ -452,20 +466,20 @@ mod tests {
 
     #[test]
     fn rounding_passes_and_a_gap_over_the_tolerance_is_named() {
-        // Tolerance at |logit| 3: 16 bf16 steps of 1/64 = 0.25.
+        // Tolerance at |logit| 3, 16 layers: 1.25 * sqrt(32) * 3 * 2 * 2^-8 = 0.1657.
         let g = golden([0.5, 0.0625, 0.5, 0.5]);
         let ids = ids();
         let near = leg(
             LegName::Engine,
             &[1, 8],
-            vec![Differ(1, 99, Some(0.125))],
+            vec![Differ(1, 99, Some(0.0625))],
             Some(3.0),
         );
         let t = tally(&near, &input(&g, &ids, None));
         assert!(t.passed(), "{t:?}");
         assert_eq!((t.agree, t.within), (14, 2));
         assert!(
-            t.pass_text().ends_with("(the closest: prompt p0 position 1 (batch 1, path decode): the leg's argmax 99, the golden's token 11; leg gap 0.1250 + golden margin 0.06250 = 0.1875 <= tolerance 0.2500 (16 bfloat16 steps at |logit| 3.000, the leg's own scale))"),
+            t.pass_text().ends_with("(the closest: prompt p0 position 1 (batch 1, path decode): the leg's argmax 99, the golden's token 11; leg gap 0.06250 + golden margin 0.06250 = 0.1250 <= tolerance 0.1657 (1.25 u sqrt(2L) |logit| per side: bfloat16 and bfloat16, L = 16, |logit| 3.000, the leg's own scale))"),
             "{}",
             t.pass_text()
         );
@@ -484,7 +498,7 @@ mod tests {
         );
         let s = t.failures[0].to_string();
         assert!(
-            s.contains("prompt p0 position 1") && s.contains("0.3125 > tolerance 0.2500"),
+            s.contains("prompt p0 position 1") && s.contains("0.3125 > tolerance 0.1657"),
             "{s}"
         );
     }
