@@ -96,6 +96,7 @@ fn read_run(path: &Path) -> Option<Run> {
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     fault.sort_unstable();
+    let mut fault = fault.join(",");
     let gates = |name: &str| -> Vec<Value> {
         v["gates"]
             .as_array()
@@ -116,14 +117,34 @@ fn read_run(path: &Path) -> Option<Run> {
         .flat_map(|r| r["results"].as_array().cloned().unwrap_or_default())
         .map(|x| x["tokens"].clone())
         .collect();
+    let leg = gates("leg");
+    if fault.is_empty() {
+        // An engine that refused its fault at load never said `ready`: its load error names it.
+        fault = leg.iter().find_map(planted_in).unwrap_or_default();
+    }
     Some(Run {
         unit: v["unit"]["name"].as_str()?.to_string(),
         created: v["created_utc"].as_str().unwrap_or("").to_string(),
-        fault: fault.join(","),
+        fault,
         token: gates("token"),
-        leg: gates("leg"),
+        leg,
         fingerprint: serde_json::json!({"verify": logits(&e["verify"]), "tokens": tokens}),
     })
+}
+
+/// The faults a leg gate's sentence quotes from the engine's load error (`ENGINE_FAULT=norm_skip
+/// does not apply to this model: ...`, docs/ENGINE.md), sorted as `ready.features.fault` is.
+fn planted_in(gate: &Value) -> Option<String> {
+    let s = gate["sentence"].as_str()?;
+    let at = s.find("ENGINE_FAULT=")? + "ENGINE_FAULT=".len();
+    let names: String = s[at..]
+        .trim_start_matches('"')
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ',')
+        .collect();
+    let mut names: Vec<&str> = names.split(',').filter(|n| !n.is_empty()).collect();
+    names.sort_unstable();
+    (!names.is_empty()).then(|| names.join(","))
 }
 
 /// What a leg's verify answers say of its logits: per request its batch size and rows (argmax,
@@ -387,6 +408,21 @@ pub fn plan_command(unit: &Path) -> Result<Said, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_fault_the_engine_refused_at_load_is_named_from_its_error() {
+        let gate = |s: &str| serde_json::json!({"gate": "leg", "leg": "engine", "sentence": s});
+        let refused = gate("The engine leg failed in phase load: ... ENGINE_FAULT=norm_skip does not apply to this model: model.layers.8.input_layernorm.weight is all ones, ...");
+        assert_eq!(planted_in(&refused).as_deref(), Some("norm_skip"));
+        let two = gate("... ENGINE_FAULT=slow_step,drop_bias does not apply ...");
+        assert_eq!(planted_in(&two).as_deref(), Some("drop_bias,slow_step"));
+        let unknown = gate("... ENGINE_FAULT=\"bogus\" is not a fault ...");
+        assert_eq!(planted_in(&unknown).as_deref(), Some("bogus"));
+        assert_eq!(
+            planted_in(&gate("the engine leg loaded, ran its battery")),
+            None
+        );
+    }
+
     use super::*;
     use serde_json::json;
 
