@@ -5,10 +5,12 @@
 pub mod archive;
 pub mod chart;
 pub mod compare;
+pub mod fleet;
 pub mod gates;
 pub mod lease;
 pub mod leg;
 pub mod noise;
+pub mod placement;
 pub mod preflight;
 pub mod progress;
 pub mod protocol;

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use orchestrator::compare::{self, Spec, Thresholds};
+use orchestrator::fleet;
 use orchestrator::gates::clock::{self, ClockCfg};
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::lease::{self, LeaseTarget};
@@ -41,6 +42,10 @@ enum Cmd {
         /// No progress lines on stderr.
         #[arg(long, short)]
         quiet: bool,
+        /// Run a GPU unit on GPU N of this host: its engine's cuda:N, its lease, its sampler
+        /// (as `fleet` places units; docs/FLEET.md).
+        #[arg(long)]
+        gpu: Option<u32>,
     },
     /// Preflight alone: unit, prompts, model, goldens, engine binary, `python -m oracle check`.
     Check {
@@ -80,6 +85,49 @@ enum Cmd {
         allow_different_hosts: bool,
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+    },
+    /// Many units at once, each one `run` on one GPU (or on the CPU): through Slurm (a job array
+    /// and a report job after it) or on this host's GPUs, one unit per free GPU (docs/FLEET.md).
+    /// Exit with --slurm: 0 printed or submitted, 2 refused; with --local: the worst of its
+    /// runs' statuses (0, 1, 2).
+    Fleet {
+        /// goldens/<unit>/unit.toml, one or more.
+        #[arg(required = true)]
+        units: Vec<PathBuf>,
+        /// Print an sbatch script per job (a job array per kind of unit, then a report job).
+        #[arg(long, required_unless_present = "local", conflicts_with = "local")]
+        slurm: bool,
+        /// Run the units here, in parallel, one per free GPU of this host.
+        #[arg(long)]
+        local: bool,
+        /// Submit the jobs (sbatch --parsable) and print their ids, instead of printing the scripts.
+        #[arg(long, requires = "slurm")]
+        submit: bool,
+        #[arg(long, requires = "slurm")]
+        partition: Option<String>,
+        #[arg(long, requires = "slurm")]
+        account: Option<String>,
+        /// Each job's time limit, as sbatch takes it (1:00:00).
+        #[arg(long, requires = "slurm")]
+        time: Option<String>,
+        /// The shared records directory (default <project root>/reports/records).
+        #[arg(long)]
+        records_dir: Option<PathBuf>,
+        /// The report job's BENCHMARKS.md (default: beside the records directory).
+        #[arg(long, requires = "slurm")]
+        out: Option<PathBuf>,
+        /// Runs of each unit.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        /// The GPUs to place on, as 0,1,3 (default: every GPU NVML counts).
+        #[arg(long, requires = "local")]
+        gpus: Option<String>,
+        /// Lock directory for the leases (default each unit's [lease] lock_dir).
+        #[arg(long)]
+        lock_dir: Option<PathBuf>,
+        /// Interpreter for the oracle (default env LLM_BENCH_PYTHON, then [oracle] python).
+        #[arg(long)]
+        python: Option<String>,
     },
     /// Runs CMD under the same lease as `run`; its exit status is passed through.
     Lease {
@@ -160,6 +208,7 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
+            gpu,
         } => code(run::run(
             &unit,
             &RunOptions {
@@ -168,8 +217,37 @@ fn main() -> ExitCode {
                 no_wait,
                 python,
                 quiet,
+                gpu,
             },
         )),
+        Cmd::Fleet {
+            units,
+            slurm,
+            local: _,
+            submit,
+            partition,
+            account,
+            time,
+            records_dir,
+            out,
+            repeat,
+            gpus,
+            lock_dir,
+            python,
+        } => code(fleet::command(&fleet::FleetCmd {
+            units,
+            slurm,
+            submit,
+            partition,
+            account,
+            time,
+            records_dir,
+            out,
+            repeat,
+            gpus,
+            lock_dir,
+            python,
+        })),
         Cmd::Check { unit, python } => {
             let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
             for l in &report.lines {

@@ -93,6 +93,10 @@ pub struct LeaseInfo {
     pub target: String,
     pub path: PathBuf,
     pub idle_checks: Vec<String>,
+    /// The host's other GPUs, watched while the lease was held: which were busy beside this run
+    /// (their lease held, or a compute process on them). Absent where the host had no other GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<crate::placement::Neighbour>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -30,6 +30,8 @@ pub struct RunOptions {
     pub no_wait: bool,
     pub python: Option<String>,
     pub quiet: bool,
+    /// Puts a GPU unit on this GPU of the host (placement.rs).
+    pub gpu: Option<u32>,
 }
 
 pub const EXIT_PASS: i32 = 0;
@@ -310,13 +312,19 @@ async fn interrupted() -> &'static str {
 
 pub fn run(unit_path: &Path, opts: &RunOptions) -> i32 {
     let (report, checked) = preflight::preflight(unit_path, opts.python.as_deref(), !opts.quiet);
-    let Some(checked) = checked else {
+    let Some(mut checked) = checked else {
         eprintln!("orchestrator: preflight failed, nothing was run:");
         for f in &report.failures {
             eprintln!("  {f}");
         }
         return EXIT_ERROR;
     };
+    if let Some(n) = opts.gpu {
+        if let Err(e) = crate::placement::place_on_gpu(&mut checked.unit.config, n) {
+            eprintln!("orchestrator: {e}");
+            return EXIT_ERROR;
+        }
+    }
     let idle = GpuIdleCheck::nvml(checked.unit.config.lease.idle_max_used_mib);
     match run_checked(&checked, opts, &idle) {
         Ok(code) => code,
@@ -386,6 +394,19 @@ pub fn run_checked(
         lease: &lease,
         idle,
     };
+    let host_gpus = crate::placement::host_gpus().map_err(|e| e.to_string())?;
+    let watch = crate::placement::Neighbours::start(
+        crate::placement::Watch {
+            lock_dir: lock_dir.clone(),
+            gpus: host_gpus,
+            open: crate::sampler::nvml::open,
+            period: std::time::Duration::from_secs(1),
+        },
+        match lease.target {
+            LeaseTarget::Gpu(n) => Some(n),
+            LeaseTarget::Cpu => None,
+        },
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -396,6 +417,7 @@ pub fn run_checked(
             sig = interrupted() => Err(sig),
         }
     });
+    let neighbours = watch.finish();
     drop(lease);
     let legs = legs.map_err(|sig| {
         let killed = crate::watchdog::kill_live_groups();
@@ -462,6 +484,7 @@ pub fn run_checked(
             target: lease_target(unit).name(),
             path: lock_dir.join(format!("{}.lock", lease_target(unit).name())),
             idle_checks: legs.idle_checks.clone(),
+            neighbours: neighbours.clone(),
         },
         legs: Legs {
             engine: beside_record(&legs.engine, &dir),
@@ -529,6 +552,9 @@ pub fn run_checked(
     }
     for l in &rec.lease.idle_checks {
         println!("idle: {l}");
+    }
+    if let Some(s) = crate::placement::summary(&rec.lease.neighbours) {
+        println!("other GPUs: {s}");
     }
     if !refusals.is_empty() {
         println!("\nRefusals ({}):", refusals.len());
@@ -663,6 +689,9 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
     }
     for l in &rec.lease.idle_checks {
         s.push_str(&format!("- {}\n", l.replace('\n', " ")));
+    }
+    if let Some(o) = crate::placement::summary(&rec.lease.neighbours) {
+        s.push_str(&format!("- other GPUs of the host during the run: {o}\n"));
     }
     s.push_str("\n## Gates\n\n");
     for g in &rec.gates {
