@@ -357,6 +357,7 @@ pub fn run_checked(
     })?;
     let created = SystemTime::now();
     let stem = record::choose_stem(&dir, &record::utc_stamp(created), &project.tree);
+    let _claim = record::StemClaim(stem.clone());
 
     let lock_dir = opts
         .lock_dir
