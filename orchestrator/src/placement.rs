@@ -45,9 +45,9 @@ impl fmt::Display for PlacementError {
 
 impl std::error::Error for PlacementError {}
 
-/// Whether the unit runs on a GPU: its engine on `cuda[:N]`, or `[lease] gpu` set.
+/// Whether the unit runs on a GPU: its engine on `cuda[:N]` (what `place_on_gpu` moves).
 pub fn is_gpu_unit(cfg: &UnitFile) -> bool {
-    cfg.lease.gpu.is_some() || matches!(parse_device(&cfg.engine.device), Ok(Some(_)))
+    matches!(parse_device(&cfg.engine.device), Ok(Some(_)))
 }
 
 /// Puts a GPU unit on GPU `gpu`: the engine's device becomes `cuda:{gpu}`, the lease (and with it
