@@ -1,6 +1,14 @@
 // Shared by every kernel file; the engine compiles common.cuh followed by all .cu files as one
 // NVRTC program, so no include paths or CUDA headers are needed at run time.
 //
+// The constants the kernels share with the host (GEMV_WARPS, ATT_MAX_SPLITS, ...) are defined
+// once, in engine/src/cuda/plan.rs (KERNEL_DEFINES), and handed to NVRTC as -D options.
+#if !defined(GEMV_WARPS) || !defined(GEMV_MMA_U) || !defined(ATT_WARPS) || !defined(ATT_MAXG) || \
+    !defined(ATT_SPLIT_MIN) || !defined(ATT_MAX_SPLITS) || !defined(MAX_HEAD_DIM)
+#error "compile with the engine's -D options (plan.rs KERNEL_DEFINES; kernels.rs options)"
+#endif
+static_assert(MAX_HEAD_DIM <= 128, "a lane holds two rotary frequencies (rope_kv.cu rope_freqs)");
+
 // bf16 is kept as its raw 16 bits: widening is a shift, narrowing rounds to nearest even, as
 // torch does.
 typedef unsigned short bf16;

@@ -8,6 +8,7 @@ use crate::config::ModelConfig;
 use crate::cpu::CpuBackend;
 use crate::cuda::CudaBackend;
 use crate::error::{Error, Result};
+use crate::fault::{self, Faults};
 use crate::generate::Engine;
 use crate::kv::{self, PoolSize};
 use crate::weights::Checkpoint;
@@ -24,16 +25,48 @@ pub struct LoadOptions {
     pub num_blocks: Option<usize>,
     pub kv_cache_memory: Option<usize>,
     pub max_batch: usize,
+    /// `ENGINE_FAULT`'s value as read at start (fault.rs; test only), or none.
+    pub fault: Option<String>,
+}
+
+/// The compute device named by `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// Parses `cpu`, `cuda` (ordinal 0) and `cuda:N`.
+    pub fn parse(device: &str) -> Result<Self> {
+        match device {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            d => d
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| Error::Config {
+                    message: format!("device {device:?} is not one of cpu, cuda, cuda:N"),
+                }),
+        }
+    }
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Engine> {
-    let is_cuda = opts.device.starts_with("cuda");
-    if opts.device != "cpu" && crate::cuda::backend::ordinal(&opts.device).is_none() {
-        return Err(Error::Config {
-            message: format!("device {:?} is not one of cpu, cuda, cuda:N", opts.device),
-        });
-    }
+    let device = Device::parse(&opts.device)?;
+    let faults = Faults::parse(opts.fault.as_deref().unwrap_or(""))?;
     let cfg = ModelConfig::load(&opts.model)?;
+    faults.check(&cfg)?;
+    for f in faults.iter() {
+        eprintln!(
+            "{}: planting the {} fault ({}); a test-only build, not for measurements",
+            fault::ENV,
+            f.name(),
+            f.what()
+        );
+    }
     let ckpt = Checkpoint::open(&opts.model)?;
     ckpt.validate(&cfg)?;
     let size = match (opts.num_blocks, opts.kv_cache_memory) {
@@ -46,14 +79,15 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         (None, Some(b)) => Some(PoolSize::Bytes(b)),
         (None, None) => None,
     };
-    let backend: Box<dyn Backend> = if is_cuda {
+    let backend: Box<dyn Backend> = if let Device::Cuda(ordinal) = device {
         Box::new(CudaBackend::load(
             &cfg,
             &ckpt,
-            &opts.device,
+            ordinal,
             opts.block_size,
             size,
             opts.max_batch,
+            &faults,
         )?)
     } else {
         let size = size.unwrap_or(PoolSize::Default {
@@ -61,9 +95,9 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             cap_bytes: CPU_DEFAULT_POOL_CAP,
         });
         let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?;
-        Box::new(CpuBackend::load(&cfg, &ckpt, pool)?)
+        Box::new(CpuBackend::load(&cfg, &ckpt, pool, &faults)?)
     };
-    Ok(Engine::new(backend, cfg, opts.max_batch))
+    Ok(Engine::new(backend, cfg, opts.max_batch, faults))
 }
 
 /// The `resolved` object of the `ready` event: what the engine actually runs with.
@@ -74,7 +108,7 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "model": opts.model.display().to_string(),
         "architecture": cfg.architecture.hf_name(),
         "device": opts.device,
-        "dtype": engine.backend().features()["dtype"],
+        "dtype": engine.features()["dtype"],
         "weights_dtype": cfg.dtype,
         "block_size": pool.block_size,
         "num_blocks": pool.num_blocks,
@@ -83,4 +117,23 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "vocab_size": cfg.vocab_size,
         "eos_token_ids": cfg.eos_token_ids,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+
+    #[test]
+    fn devices_parse_and_others_are_named() {
+        assert_eq!(Device::parse("cpu"), Ok(Device::Cpu));
+        assert_eq!(Device::parse("cuda"), Ok(Device::Cuda(0)));
+        assert_eq!(Device::parse("cuda:3"), Ok(Device::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda3", "CPU"] {
+            let e = Device::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{bad:?} is not one of cpu, cuda, cuda:N")),
+                "{e}"
+            );
+        }
+    }
 }

@@ -84,7 +84,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     // SAFETY: writes one int.
     let _ = unsafe { sys::cuDriverGetVersion(&mut driver) };
     let (major, minor) = ctx.compute_capability().unwrap();
-    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver).unwrap();
+    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver, &[]).unwrap();
     const B: usize = plan::MAX_GEMV_BATCH;
     // The 8B's down (one round of tiles) and a taller matrix (two rounds: both halves of the
     // tensor-core kernel's double-buffered reduction).
@@ -126,12 +126,15 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
             }
         }
         let stream_launch = plan::GemvLaunch {
-            mode: 1,
+            mode: plan::GemvMode::Residual,
             ksplit: plan::gemv_ksplit(rows, cols, false),
             units: rows,
         };
-        for l in [stream_launch, plan::gemv_launch(rows, cols, 1, 1)] {
-            let name = |b: usize| format!("gemv_m{}_b{b}", l.mode);
+        for l in [
+            stream_launch,
+            plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1),
+        ] {
+            let name = |b: usize| l.mode.kernel(b);
             let f8 = kernels::function(&module, &name(B)).unwrap();
             let f1 = kernels::function(&module, &name(1)).unwrap();
             let got = g.run(&f8, l, B, 0);
@@ -146,7 +149,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                 .fold(0f64, f64::max);
             assert!(
                 worst < 1e-4,
-                "mode {} {rows}x{cols}: error {worst:e} of the products' norm",
+                "mode {:?} {rows}x{cols}: error {worst:e} of the products' norm",
                 l.mode
             );
             for b in 0..B {
@@ -158,7 +161,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                     .all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(
                     same,
-                    "mode {} {rows}x{cols}: row {b} at batch 8 differs from it alone",
+                    "mode {:?} {rows}x{cols}: row {b} at batch 8 differs from it alone",
                     l.mode
                 );
             }

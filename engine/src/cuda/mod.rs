@@ -1,9 +1,14 @@
 //! The CUDA backend (cudarc, loaded at run time, so the crate builds where there is no CUDA).
 
 pub mod backend;
+pub mod bench;
 pub mod device;
 pub mod kernels;
+mod load;
+mod ops;
 pub mod plan;
+mod profiler;
+mod step;
 
 #[cfg(test)]
 mod gemv_gpu_tests;

@@ -6,30 +6,107 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::PoolShape;
 
-/// Threads per block of the GEMV kernels (`GEMV_WARPS` x 32 in gemv.cu).
-pub const GEMV_THREADS: u32 = 256;
-const GEMV_WARPS: usize = GEMV_THREADS as usize / 32;
+/// Warps per block of the GEMV kernels (`GEMV_WARPS` in gemv.cu, defined by [`KERNEL_DEFINES`]).
+pub const GEMV_WARPS: usize = 8;
+/// Threads per block of the GEMV kernels.
+pub const GEMV_THREADS: u32 = 32 * GEMV_WARPS as u32;
 /// Warps in flight the GEMV grid aims for: 132 multiprocessors x 64 warps on an H200.
 const GEMV_TARGET_WARPS: usize = 8192;
 /// Warps per block of the attention kernel (`ATT_WARPS` in attention.cu).
-const ATT_WARPS: usize = 4;
+pub const ATT_WARPS: usize = 4;
 /// Threads per block of the attention kernel.
 pub const ATT_THREADS: u32 = 32 * ATT_WARPS as u32;
-/// Most query heads per KV head the attention kernel holds (`ATT_MAXG` in attention.cu).
+/// Most query heads per KV head the attention kernel holds (`ATT_MAXG` in attention.cu, which
+/// instantiates it for 1, 2, 4 and 8).
 pub const ATT_MAXG: usize = 8;
-/// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position).
+/// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position;
+/// `MAX_HEAD_DIM` in the kernels).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Positions per attention split (`ATT_SPLIT_MIN` in attention.cu).
 pub const ATT_SPLIT_MIN: usize = 16;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
 /// split per 16 positions of its context (`ATT_SPLIT_MIN`), up to this many, whatever the batch
-/// (attention.cu): a split's positions are one or a few steps of its block, so the chain of
-/// dependent loads stays short at every context length.
+/// (attention.cu `ATT_MAX_SPLITS`): a split's positions are one or a few steps of its block, so
+/// the chain of dependent loads stays short at every context length.
 pub const MAX_SPLITS: usize = 32;
-/// The GEMV modes gemv.cu compiles and the engine launches, each as `gemv_m{mode}_b{1..=8}`:
-/// 1 (add into the residual stream), 3 (RMSNorm folded in), 4 (RMSNorm and SwiGLU), 5 (lm_head
-/// and argmax), 6 (4 with one warp summing a row's two slices), 7 (1 on the tensor cores).
-pub const GEMV_MODES: [usize; 6] = [1, 3, 4, 5, 6, 7];
+/// 16-byte loads per lane per weight row per step of the tensor-core GEMV (`GEMV_MMA_U`).
+pub const MMA_U: usize = 4;
+/// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
+/// options (kernels.rs); the kernel files do not define them.
+pub const KERNEL_DEFINES: [(&str, usize); 7] = [
+    ("GEMV_WARPS", GEMV_WARPS),
+    ("GEMV_MMA_U", MMA_U),
+    ("ATT_WARPS", ATT_WARPS),
+    ("ATT_MAXG", ATT_MAXG),
+    ("ATT_SPLIT_MIN", ATT_SPLIT_MIN),
+    ("ATT_MAX_SPLITS", MAX_SPLITS),
+    ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+];
+
+/// The decode GEMV kernels of gemv.cu, each compiled for 1..=[`MAX_GEMV_BATCH`] activation rows
+/// as `gemv_m{number}_b{batch}` (the number is gemv.cu's `MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvMode {
+    /// y += W x: o_proj and down_proj, adding into the residual stream (1).
+    Residual,
+    /// y = W RMSNorm(x), the norm's gain folded in: q/k/v (3).
+    Norm,
+    /// y[j] = silu(W[j] n) * (W[rows + j] n), n = RMSNorm(x): gate and up stacked (4).
+    NormSwiglu,
+    /// The lm_head: per block, the largest bf16-rounded W x of its rows and that row, the argmax
+    /// candidates `argmax_final` picks from (5).
+    LmHead,
+    /// [`GemvMode::NormSwiglu`] with one warp summing a row's two slices of K (6).
+    NormSwigluOneWarp,
+    /// [`GemvMode::Residual`] on the tensor cores (7).
+    ResidualMma,
+}
+
+impl GemvMode {
+    /// Every mode the engine launches, in the order of [`GemvMode::index`].
+    pub const ALL: [GemvMode; 6] = [
+        Self::Residual,
+        Self::Norm,
+        Self::NormSwiglu,
+        Self::LmHead,
+        Self::NormSwigluOneWarp,
+        Self::ResidualMma,
+    ];
+
+    /// gemv.cu's `MODE`, in the kernel's name.
+    pub fn number(self) -> usize {
+        match self {
+            Self::Residual => 1,
+            Self::Norm => 3,
+            Self::NormSwiglu => 4,
+            Self::LmHead => 5,
+            Self::NormSwigluOneWarp => 6,
+            Self::ResidualMma => 7,
+        }
+    }
+
+    /// The mode's place in [`GemvMode::ALL`].
+    pub fn index(self) -> usize {
+        Self::ALL
+            .iter()
+            .position(|&m| m == self)
+            .expect("ALL lists every mode")
+    }
+
+    /// The kernel of this mode for `batch` activation rows.
+    pub fn kernel(self, batch: usize) -> String {
+        format!("gemv_m{}_b{batch}", self.number())
+    }
+
+    /// Weight rows read per output row: gate/up reads a gate and an up row.
+    pub fn weight_rows(self) -> usize {
+        match self {
+            Self::NormSwiglu | Self::NormSwigluOneWarp => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
@@ -89,7 +166,7 @@ pub fn attention_smem_bytes(cfg: &ModelConfig) -> u32 {
     (4 * (gd + ATT_WARPS * gd + ATT_WARPS * g * 2)) as u32
 }
 
-/// Warps that share one output row of the lm_head's GEMV (mode 5), each summing a contiguous
+/// Warps that share one output row of the lm_head's GEMV ([`GemvMode::LmHead`]), each summing a contiguous
 /// slice of K: a power of two chosen from the matrix's shape alone (so a row's sum does not
 /// depend on the batch), large enough that the grid has about [`GEMV_TARGET_WARPS`] warps, while
 /// every lane still gets a 16-byte chunk of its slice.
@@ -106,7 +183,7 @@ pub fn lm_head_ksplit(rows: usize, cols: usize) -> usize {
     k
 }
 
-/// How many slices of K a streaming GEMV's row is summed in (modes 1, 3, 4), from the matrix's shape
+/// How many slices of K a streaming GEMV's row is summed in (residual, norm and gate/up), from the matrix's shape
 /// alone so that a row's sum does not depend on the batch: two for matrices of fewer than
 /// [`GEMV_TARGET_WARPS`] rows (two warps per row: more loads in flight per row), and for gate/up
 /// (`gate_up`) whatever its height when its halves are whole 32-lane steps; one for other tall
@@ -125,16 +202,14 @@ pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     }
 }
 
-/// Warps that share a tile of the tensor-core GEMV (mode 7), each summing a slice of K.
+/// Warps that share a tile of the tensor-core GEMV ([`GemvMode::ResidualMma`]), each summing a slice of K.
 pub const MMA_KSPLIT: usize = 8;
 /// Output rows of a tensor-core GEMV tile (one mma's 16 rows).
 pub const MMA_TILE_ROWS: usize = 16;
-/// 16-byte loads per lane per weight row per step of the tensor-core GEMV (`GEMV_MMA_U`).
-const MMA_U: usize = 4;
 /// Least height of a residual GEMV run on the tensor cores.
 const MMA_MIN_ROWS: usize = 4096;
 
-/// Whether a residual GEMV (mode 1: o_proj, down_proj) runs on the tensor cores (mode 7), from
+/// Whether a residual GEMV (o_proj, down_proj) runs on the tensor cores ([`GemvMode::ResidualMma`]), from
 /// its shape alone, so that its sums are the same at every batch: 4,096 rows or more, in whole
 /// tiles, and K in whole steps of every warp. Measured on the H200 (scripts/gemv-bench): at
 /// batch 1 the 8B's o and down take 10.5 and 30.2 us there against 10.7 and 31.0 on the CUDA
@@ -149,28 +224,29 @@ pub fn gemv_on_tensor_cores(rows: usize, cols: usize) -> bool {
 /// rows (or tiles) the blocks share out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvLaunch {
-    pub mode: usize,
+    pub mode: GemvMode,
     pub ksplit: usize,
     pub units: usize,
 }
 
-/// How the GEMV of `mode` (1, 3 or 4) over `rows` x `cols` is launched at `batch`. Residual
-/// GEMVs of the shapes in [`gemv_on_tensor_cores`] run mode 7. Tall gate/up (4) sums its two
-/// slices in one warp at batch 2-8 (gemv.cu's VK = 2: mode 6), which gives the same bits as two
-/// warps: two warps per row measured 20-25% slower there than one warp over one slice
-/// (scripts/gemv-bench). Every other choice is the same at every batch.
-pub fn gemv_launch(rows: usize, cols: usize, mode: usize, batch: usize) -> GemvLaunch {
-    if mode == 1 && gemv_on_tensor_cores(rows, cols) {
+/// How the GEMV of `mode` (residual, norm or gate/up) over `rows` x `cols` is launched at
+/// `batch`. Residual GEMVs of the shapes in [`gemv_on_tensor_cores`] run on the tensor cores.
+/// Tall gate/up sums its two slices in one warp at batch 2-8 (gemv.cu's VK = 2:
+/// [`GemvMode::NormSwigluOneWarp`]), which gives the same bits as two warps: two warps per row
+/// measured 20-25% slower there than one warp over one slice (scripts/gemv-bench). Every other
+/// choice is the same at every batch.
+pub fn gemv_launch(rows: usize, cols: usize, mode: GemvMode, batch: usize) -> GemvLaunch {
+    if mode == GemvMode::Residual && gemv_on_tensor_cores(rows, cols) {
         return GemvLaunch {
-            mode: 7,
+            mode: GemvMode::ResidualMma,
             ksplit: MMA_KSPLIT,
             units: rows / MMA_TILE_ROWS,
         };
     }
-    let gate_up = mode == 4;
+    let gate_up = mode == GemvMode::NormSwiglu;
     let k = gemv_ksplit(rows, cols, gate_up);
     let (mode, ksplit) = if gate_up && k == 2 && batch > 1 && rows >= GEMV_TARGET_WARPS {
-        (6, 1)
+        (GemvMode::NormSwigluOneWarp, 1)
     } else {
         (mode, k)
     };
@@ -181,7 +257,7 @@ pub fn gemv_launch(rows: usize, cols: usize, mode: usize, batch: usize) -> GemvL
     }
 }
 
-/// Blocks of a persistent GEMV over `rows` rows (or tiles, for mode 7), `ksplit` warps to
+/// Blocks of a persistent GEMV over `rows` rows (or tiles, on the tensor cores), `ksplit` warps to
 /// each: one per group while they all fit on the GPU at once
 /// (`resident` blocks), else as few as walk the groups in the same number of rounds, so that
 /// every block walks as many groups (1,536 q/k/v groups of the 8B on 528 resident blocks:
@@ -466,7 +542,20 @@ mod tests {
     }
 
     #[test]
+    fn gemv_modes_are_gemv_cu_modes_in_one_order() {
+        let numbers: Vec<usize> = GemvMode::ALL.iter().map(|m| m.number()).collect();
+        assert_eq!(numbers, [1, 3, 4, 5, 6, 7]);
+        for (i, m) in GemvMode::ALL.iter().enumerate() {
+            assert_eq!(m.index(), i);
+        }
+        assert_eq!(GemvMode::ResidualMma.kernel(8), "gemv_m7_b8");
+        assert_eq!(GemvMode::NormSwiglu.weight_rows(), 2);
+        assert_eq!(GemvMode::Norm.weight_rows(), 1);
+    }
+
+    #[test]
     fn tall_gate_up_sums_its_two_slices_in_one_warp_past_batch_1() {
+        use GemvMode::*;
         let l = |mode, ksplit, units| GemvLaunch {
             mode,
             ksplit,
@@ -474,16 +563,31 @@ mod tests {
         };
         // Llama-3.1-8B gate/up: two warps at batch 1, one warp with both slices at 2-8; the
         // numerics (two slices) are the same at every batch.
-        assert_eq!(gemv_launch(14336, 4096, 4, 1), l(4, 2, 14336));
+        assert_eq!(
+            gemv_launch(14336, 4096, NormSwiglu, 1),
+            l(NormSwiglu, 2, 14336)
+        );
         for batch in 2..=MAX_GEMV_BATCH {
-            assert_eq!(gemv_launch(14336, 4096, 4, batch), l(6, 1, 14336));
+            assert_eq!(
+                gemv_launch(14336, 4096, NormSwiglu, batch),
+                l(NormSwigluOneWarp, 1, 14336)
+            );
         }
         // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
-            assert_eq!(gemv_launch(4096, 1024, 4, batch), l(4, 2, 4096));
-            assert_eq!(gemv_launch(6144, 4096, 3, batch), l(3, 2, 6144));
-            assert_eq!(gemv_launch(2048, 8192, 1, batch), l(1, 2, 2048));
-            assert_eq!(gemv_launch(8192, 1280, 4, batch), l(4, 1, 8192));
+            assert_eq!(
+                gemv_launch(4096, 1024, NormSwiglu, batch),
+                l(NormSwiglu, 2, 4096)
+            );
+            assert_eq!(gemv_launch(6144, 4096, Norm, batch), l(Norm, 2, 6144));
+            assert_eq!(
+                gemv_launch(2048, 8192, Residual, batch),
+                l(Residual, 2, 2048)
+            );
+            assert_eq!(
+                gemv_launch(8192, 1280, NormSwiglu, batch),
+                l(NormSwiglu, 1, 8192)
+            );
         }
     }
 
@@ -493,11 +597,15 @@ mod tests {
         for batch in 1..=MAX_GEMV_BATCH {
             for (rows, cols) in [(4096, 4096), (4096, 14336), (8192, 28672)] {
                 let want = GemvLaunch {
-                    mode: 7,
+                    mode: GemvMode::ResidualMma,
                     ksplit: MMA_KSPLIT,
                     units: rows / MMA_TILE_ROWS,
                 };
-                assert_eq!(gemv_launch(rows, cols, 1, batch), want, "{rows}x{cols}");
+                assert_eq!(
+                    gemv_launch(rows, cols, GemvMode::Residual, batch),
+                    want,
+                    "{rows}x{cols}"
+                );
             }
         }
         // Llama-3.2-1B's o and down, Qwen2.5-0.5B's, a K not in whole steps of 8 warps x 128,
@@ -510,10 +618,19 @@ mod tests {
             (4104, 4096),
         ] {
             assert!(!gemv_on_tensor_cores(rows, cols), "{rows}x{cols}");
-            assert_eq!(gemv_launch(rows, cols, 1, 1).mode, 1);
+            assert_eq!(
+                gemv_launch(rows, cols, GemvMode::Residual, 1).mode,
+                GemvMode::Residual
+            );
         }
-        assert_eq!(gemv_launch(4096, 4096, 3, 1).mode, 3);
-        assert_ne!(gemv_launch(14336, 4096, 4, 1).mode, 7);
+        assert_eq!(
+            gemv_launch(4096, 4096, GemvMode::Norm, 1).mode,
+            GemvMode::Norm
+        );
+        assert_ne!(
+            gemv_launch(14336, 4096, GemvMode::NormSwiglu, 1).mode,
+            GemvMode::ResidualMma
+        );
         // Its persistent grid: 256 tiles of the 8B's o in groups of one tile per block, on as many
         // blocks as are resident (two per SM on 132 SMs) in the fewest rounds.
         assert_eq!(gemv_grid(4096 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);

@@ -1,0 +1,259 @@
+//! One method per kernel: its arguments as the kernel takes them and its launch geometry
+//! (plan.rs), shared by prefill and the decode step. Each records a profiler mark after its
+//! launch (ENGINE_PROFILE=1).
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+
+use super::backend::{CudaBackend, BF16};
+use super::device::{ptr_or_null, DevBuf};
+use super::load::Matrix;
+use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
+use crate::backend::Scored;
+use crate::error::{Error, Result};
+use crate::launch;
+
+/// A decode GEMV (gemv.cu): `w` times each activation row of `x`, into `y`.
+pub(super) struct Gemv<'a> {
+    /// The profiler's name for it.
+    pub name: &'static str,
+    /// Residual, norm or gate/up ([`plan::gemv_launch`] picks the kernel), or the lm_head.
+    pub mode: GemvMode,
+    pub w: &'a Matrix,
+    pub x: u64,
+    pub y: u64,
+    /// The RMSNorm gain of the modes that normalise their input; 0 for the others.
+    pub gamma: u64,
+    /// The lm_head writing its logits into `y` too (`gemv_m5_logits`): the verify request's
+    /// scoring, after the step and never inside it.
+    pub logits: bool,
+}
+
+impl<'a> Gemv<'a> {
+    pub fn new(name: &'static str, mode: GemvMode, w: &'a Matrix, x: u64, y: u64) -> Self {
+        Self {
+            name,
+            mode,
+            w,
+            x,
+            y,
+            gamma: 0,
+            logits: false,
+        }
+    }
+
+    /// With the RMSNorm gain that the norm modes fold in.
+    pub fn norm(self, gamma: &DevBuf) -> Self {
+        Self {
+            gamma: gamma.ptr,
+            ..self
+        }
+    }
+}
+
+/// Where a kernel finds each row's position and its sequence's KV blocks.
+#[derive(Clone, Copy)]
+pub(super) struct Paging {
+    pub positions: u64,
+    /// The block table of each row.
+    pub row_table: u64,
+    pub tables: u64,
+    /// Entries per block table.
+    pub max_blocks: usize,
+}
+
+/// Attention of `rows` rows of `qkv` over the paged cache into `out_f32`/`out_bf16` (0: not
+/// written), in `splits` context splits with their scratch.
+pub(super) struct Attention {
+    pub layer: usize,
+    pub qkv: u64,
+    pub rows: usize,
+    pub splits: usize,
+    pub paging: Paging,
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub counts: u64,
+    pub out_f32: u64,
+    pub out_bf16: u64,
+    /// Decode: the kernel also does what `rope_kv` does for prefill (bias, q/k norm, rotation,
+    /// and the new position's K/V write).
+    pub rope: bool,
+}
+
+impl CudaBackend {
+    /// RMSNorm of `rows` rows of `x` into f32 and/or bf16 outputs (0 = not written).
+    pub(super) fn rmsnorm(
+        &self,
+        x: u64,
+        w: &DevBuf,
+        rows: usize,
+        out_f32: u64,
+        out_bf16: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        launch!(&self.f.rmsnorm, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
+            x, w.ptr, c.rms_norm_eps, c.hidden_size as i32, out_f32, out_bf16)?;
+        self.mark("rmsnorm", 0)
+    }
+
+    /// With ENGINE_PROFILE=1: an event after the kernel just launched, timed after the step.
+    pub(super) fn mark(&self, name: &'static str, bytes: usize) -> Result<()> {
+        match &self.profiler {
+            Some(p) if p.per_kernel => p.mark(name, bytes, &self.stream),
+            _ => Ok(()),
+        }
+    }
+
+    /// `g` for `batch` sequences; `parts` receives the argmax candidates of the lm_head.
+    pub(super) fn gemv(&self, g: &Gemv, batch: usize, parts: u64) -> Result<()> {
+        // Gate/up's output rows each read a gate and an up row.
+        let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+        let (ksplit, grid, mode) = if g.mode == GemvMode::LmHead {
+            let k = plan::lm_head_ksplit(rows, cols);
+            (k, plan::gemv_blocks(rows, k), g.mode)
+        } else {
+            let l = plan::gemv_launch(rows, cols, g.mode, batch);
+            let resident = self.f.resident[l.mode.index()][batch - 1];
+            (
+                l.ksplit,
+                plan::gemv_grid(l.units, l.ksplit, resident),
+                l.mode,
+            )
+        };
+        // The logits variant runs after a graph launch, outside the step: no PDL.
+        let (f, pdl) = if g.logits {
+            (&self.f.lm_head_logits[batch - 1], false)
+        } else {
+            (&self.f.gemv[mode.index()][batch - 1], self.pdl)
+        };
+        launch!(f, &self.stream, pdl, (grid, 1, 1), GEMV_THREADS, 0;
+            g.w.buf.ptr, g.x, g.y, rows as i32, cols as i32, cols as i32, rows as i32,
+            ksplit as i32, g.gamma, self.cfg.rms_norm_eps, parts)?;
+        self.mark(g.name, g.w.rows * g.w.cols * BF16)
+    }
+
+    /// The lm_head over the normalised rows `xn` and the final argmax into `tokens`, advancing
+    /// `positions` when given.
+    pub(super) fn lm_head_argmax(
+        &self,
+        batch: usize,
+        xn: u64,
+        parts: u64,
+        tokens: u64,
+        positions: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let head = Gemv::new("gemv_lm_head", GemvMode::LmHead, self.lm_head(), xn, 0);
+        self.gemv(&head, batch, parts)?;
+        launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
+            parts, plan::lm_head_blocks(c) as i32, tokens, positions, (positions != 0) as i32)?;
+        self.mark("argmax_final", 0)
+    }
+
+    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv` (prefill).
+    pub(super) fn rope_kv(&self, layer: usize, qkv: u64, rows: usize, p: Paging) -> Result<()> {
+        let c = &self.cfg;
+        let l = &self.layers[layer];
+        launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
+            qkv, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
+            self.inv_freq.ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
+            self.k_cache[layer].ptr, self.v_cache[layer].ptr, c.num_heads as i32,
+            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
+        self.mark("rope_kv", 0)
+    }
+
+    pub(super) fn attention(&self, a: &Attention) -> Result<()> {
+        let c = &self.cfg;
+        let l = &self.layers[a.layer];
+        let p = &a.paging;
+        let scale = self.faults.attention_scale(c.head_dim);
+        launch!(&self.f.attention, &self.stream, self.pdl,
+            (a.rows as u32, c.num_kv_heads as u32, a.splits as u32), ATT_THREADS,
+            plan::attention_smem_bytes(c);
+            a.qkv, self.qkv_width() as i32, self.k_cache[a.layer].ptr, self.v_cache[a.layer].ptr,
+            p.positions, p.row_table, p.tables, p.max_blocks as i32, c.num_heads as i32,
+            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, scale,
+            a.part_o, a.part_ml, a.counts, a.out_f32, a.out_bf16, ptr_or_null(&l.qkv_bias),
+            ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
+            if a.rope { self.inv_freq.ptr } else { 0 })?;
+        self.mark("attention", 0)
+    }
+
+    /// The verify request's score of `batch` rows whose normalised last hidden states are `xn`
+    /// and greedy tokens `tokens` (what a step or a prefill left): the lm_head again, writing
+    /// its logits (the same kernel code and sums as the step's own), then `score_forced` against
+    /// `forced`, which also makes `tokens` the forced ones. Needs the verify buffers.
+    pub(super) fn score(
+        &self,
+        batch: usize,
+        xn: u64,
+        tokens: u64,
+        forced: &[u32],
+    ) -> Result<Vec<Scored>> {
+        let v = self.verify.as_ref().expect("verify buffers allocated");
+        let ids: Vec<i32> = forced.iter().map(|&t| t as i32).collect();
+        v.forced.write(0, &ids)?;
+        let mut head = Gemv::new(
+            "gemv_lm_head",
+            GemvMode::LmHead,
+            self.lm_head(),
+            xn,
+            v.logits.ptr,
+        );
+        head.logits = true;
+        self.gemv(&head, batch, v.parts.ptr)?;
+        launch!(&self.f.score, &self.stream, false, (batch as u32, 1, 1), 1024, 0;
+            v.logits.ptr, self.cfg.vocab_size as i32, tokens, v.forced.ptr, v.scored.ptr)?;
+        let mut out = vec![0f32; 3 * batch];
+        v.scored.read(&mut out, &self.stream)?;
+        Ok(out
+            .chunks_exact(3)
+            .map(|r| Scored {
+                argmax: r[0].to_bits(),
+                gap: r[1],
+                scale: r[2],
+            })
+            .collect())
+    }
+
+    /// y[rows, out] (+)= x[rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out.
+    pub(super) fn gemm(
+        &self,
+        w: &Matrix,
+        x: u64,
+        y: u64,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (out, inp) = (w.rows, w.cols);
+        let alpha = 1.0f32;
+        let beta = if accumulate { 1.0f32 } else { 0.0 };
+        // Column-major: Y^T [out, rows] = W [in, out]^T X^T [in, rows].
+        // SAFETY: all pointers are live device buffers sized for these shapes.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                &alpha as *const f32 as *const _,
+                w.buf.ptr as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| Error::Internal {
+            message: format!("cuBLAS GEMM ({rows}x{inp} by {out}x{inp}) failed: {e:?}"),
+        })
+    }
+}
