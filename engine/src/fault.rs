@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::weights::Checkpoint;
 
 /// The environment variable that plants faults.
 pub const ENV: &str = "ENGINE_FAULT";
@@ -132,6 +133,44 @@ impl Faults {
 
     pub fn iter(&self) -> impl Iterator<Item = Fault> + '_ {
         self.0.iter().copied()
+    }
+
+    /// Refuses a weight fault that would leave this checkpoint's numbers unchanged: random-weight
+    /// checkpoints are made as transformers initialises a model (norm weights ones, biases zeros),
+    /// and "ignoring" a ones norm or "dropping" a zero bias computes the clean model, so a token
+    /// gate that passed it would prove nothing. Seen on the H200 (2026-12-01): `norm_skip` on the
+    /// random Llama-3.2-1B and `drop_bias` on the random Qwen2.5-0.5B gave the clean logits.
+    pub fn check_weights(&self, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+        let refuse = |fault: Fault, reason: String| Error::FaultDoesNotApply {
+            fault: fault.name(),
+            reason,
+        };
+        if let Some(l) = self.skipped_norm_layer(cfg) {
+            let name = format!("model.layers.{l}.input_layernorm.weight");
+            if ckpt.get(&name)?.to_f32().iter().all(|&w| w == 1.0) {
+                return Err(refuse(
+                    Fault::NormSkip,
+                    format!("{name} is all ones, so taking it as ones changes nothing"),
+                ));
+            }
+        }
+        if self.has(Fault::DropBias) {
+            let zero = (0..cfg.num_layers)
+                .flat_map(|l| {
+                    ["q", "k", "v"].map(|p| format!("model.layers.{l}.self_attn.{p}_proj.bias"))
+                })
+                .try_fold(true, |zero, name| {
+                    Ok::<_, Error>(zero && ckpt.get(&name)?.to_f32().iter().all(|&b| b == 0.0))
+                })?;
+            if zero {
+                return Err(refuse(
+                    Fault::DropBias,
+                    "every q/k/v bias of the checkpoint is zero, so dropping them changes nothing"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The layer whose input norm `norm_skip` ignores, when planted.

@@ -59,6 +59,9 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
     let faults = Faults::parse(opts.fault.as_deref().unwrap_or(""))?;
     let cfg = ModelConfig::load(&opts.model)?;
     faults.check(&cfg)?;
+    let ckpt = Checkpoint::open(&opts.model)?;
+    ckpt.validate(&cfg)?;
+    faults.check_weights(&cfg, &ckpt)?;
     for f in faults.iter() {
         eprintln!(
             "{}: planting the {} fault ({}); a test-only build, not for measurements",
@@ -67,8 +70,6 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             f.what()
         );
     }
-    let ckpt = Checkpoint::open(&opts.model)?;
-    ckpt.validate(&cfg)?;
     let size = match (opts.num_blocks, opts.kv_cache_memory) {
         (Some(_), Some(_)) => {
             return Err(Error::Config {

@@ -199,3 +199,70 @@ fn unknown_or_inapplicable_faults_are_load_errors() {
         );
     }
 }
+
+/// tiny-qwen's checkpoint (sharded) with every q/k/v bias set to zero and layer num_layers/2's
+/// input norm to ones, as a random-weight checkpoint made like transformers' initialisation has them.
+fn tiny_qwen_initialised_like_transformers() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = model_dir("tiny-qwen");
+    let layers = common::read_json(&src.join("config.json"))["num_hidden_layers"]
+        .as_u64()
+        .unwrap();
+    let ones_norm = format!("model.layers.{}.input_layernorm.weight", layers / 2);
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let from = entry.unwrap().path();
+        let to = tmp.path().join(from.file_name().unwrap());
+        if from.extension().is_none_or(|e| e != "safetensors") {
+            std::fs::copy(&from, &to).unwrap();
+            continue;
+        }
+        let bytes = std::fs::read(&from).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut data = Vec::new();
+        for (name, view) in st.tensors() {
+            let mut raw = view.data().to_vec();
+            if name.ends_with("_proj.bias") {
+                raw.fill(0);
+            } else if name == ones_norm {
+                raw = match view.dtype() {
+                    safetensors::Dtype::F32 => 1.0f32.to_le_bytes().repeat(raw.len() / 4),
+                    safetensors::Dtype::BF16 => half::bf16::ONE.to_le_bytes().repeat(raw.len() / 2),
+                    other => panic!("{name}: {other:?}"),
+                };
+            }
+            data.push((name, view.dtype(), view.shape().to_vec(), raw));
+        }
+        let views = data.iter().map(|(n, dtype, shape, raw)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), raw);
+            (n.clone(), view.unwrap())
+        });
+        std::fs::write(&to, safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+    tmp
+}
+
+#[test]
+fn weight_faults_that_would_change_nothing_are_refused() {
+    let dir = tiny_qwen_initialised_like_transformers();
+    for (fault, why) in [
+        (
+            "norm_skip",
+            "is all ones, so taking it as ones changes nothing",
+        ),
+        ("drop_bias", "every q/k/v bias of the checkpoint is zero"),
+    ] {
+        let mut leg = Leg::start_with_env(dir.path(), &[], &[("ENGINE_FAULT", fault)]);
+        let ev = leg.recv();
+        assert_eq!(ev["code"], "load_failed", "{fault}: {ev}");
+        let m = ev["message"].as_str().unwrap();
+        assert!(
+            m.contains(&format!("ENGINE_FAULT={fault} does not apply")) && m.contains(why),
+            "{m}"
+        );
+        assert_eq!(leg.wait().code(), Some(1));
+    }
+    // The same checkpoint takes the other faults, and the clean build loads.
+    let (leg, ready) = leg(dir.path(), "rope_shift");
+    assert_eq!(ready["features"]["fault"], json!(["rope_shift"]));
+    leg.shutdown();
+}

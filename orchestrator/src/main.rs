@@ -1,16 +1,18 @@
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use orchestrator::compare::{self, Spec, Thresholds};
+use orchestrator::clock::{self, Said};
+use orchestrator::compare;
 use orchestrator::fleet;
-use orchestrator::gates::clock::{self, ClockCfg};
+use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
-use orchestrator::lease::{self, LeaseTarget};
-use orchestrator::preflight;
+use orchestrator::legs::lease::{self, LeaseTarget};
+use orchestrator::numbers::regress::{self, Thresholds};
+use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
-use orchestrator::sampler;
+use orchestrator::unit::preflight;
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -90,45 +92,7 @@ enum Cmd {
     /// and a report job after it) or on this host's GPUs, one unit per free GPU (docs/FLEET.md).
     /// Exit with --slurm: 0 printed or submitted, 2 refused; with --local: the worst of its
     /// runs' statuses (0, 1, 2).
-    Fleet {
-        /// goldens/<unit>/unit.toml, one or more.
-        #[arg(required = true)]
-        units: Vec<PathBuf>,
-        /// Print an sbatch script per job (a job array per kind of unit, then a report job).
-        #[arg(long, required_unless_present = "local", conflicts_with = "local")]
-        slurm: bool,
-        /// Run the units here, in parallel, one per free GPU of this host.
-        #[arg(long)]
-        local: bool,
-        /// Submit the jobs (sbatch --parsable) and print their ids, instead of printing the scripts.
-        #[arg(long, requires = "slurm")]
-        submit: bool,
-        #[arg(long, requires = "slurm")]
-        partition: Option<String>,
-        #[arg(long, requires = "slurm")]
-        account: Option<String>,
-        /// Each job's time limit, as sbatch takes it (1:00:00).
-        #[arg(long, requires = "slurm")]
-        time: Option<String>,
-        /// The shared records directory (default <project root>/reports/records).
-        #[arg(long)]
-        records_dir: Option<PathBuf>,
-        /// The report job's BENCHMARKS.md (default: beside the records directory).
-        #[arg(long, requires = "slurm")]
-        out: Option<PathBuf>,
-        /// Runs of each unit.
-        #[arg(long, default_value_t = 1)]
-        repeat: u32,
-        /// The GPUs to place on, as 0,1,3 (default: every GPU NVML counts).
-        #[arg(long, requires = "local")]
-        gpus: Option<String>,
-        /// Lock directory for the leases (default each unit's [lease] lock_dir).
-        #[arg(long)]
-        lock_dir: Option<PathBuf>,
-        /// Interpreter for the oracle (default env LLM_BENCH_PYTHON, then [oracle] python).
-        #[arg(long)]
-        python: Option<String>,
-    },
+    Fleet(FleetArgs),
     /// Runs CMD under the same lease as `run`; its exit status is passed through.
     Lease {
         /// GPU index to lease (default: GPU 0 if the machine has one, else the "cpu" lease).
@@ -151,10 +115,53 @@ enum Cmd {
     },
 }
 
+/// `orchestrator fleet`'s arguments.
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// goldens/<unit>/unit.toml, one or more.
+    #[arg(required = true)]
+    units: Vec<PathBuf>,
+    /// Print an sbatch script per job (a job array per kind of unit, then a report job).
+    #[arg(long, required_unless_present = "local", conflicts_with = "local")]
+    slurm: bool,
+    /// Run the units here, in parallel, one per free GPU of this host.
+    #[arg(long)]
+    local: bool,
+    /// Submit the jobs (sbatch --parsable) and print their ids, instead of printing the scripts.
+    #[arg(long, requires = "slurm")]
+    submit: bool,
+    #[arg(long, requires = "slurm")]
+    partition: Option<String>,
+    #[arg(long, requires = "slurm")]
+    account: Option<String>,
+    /// Each job's time limit, as sbatch takes it (1:00:00).
+    #[arg(long, requires = "slurm")]
+    time: Option<String>,
+    /// The shared records directory (default <project root>/reports/records).
+    #[arg(long)]
+    records_dir: Option<PathBuf>,
+    /// The report job's BENCHMARKS.md (default: beside the records directory).
+    #[arg(long, requires = "slurm")]
+    out: Option<PathBuf>,
+    /// Runs of each unit.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// The GPUs to place on, as 0,1,3 (default: every GPU NVML counts).
+    #[arg(long, requires = "local")]
+    gpus: Option<String>,
+    /// Lock directory for the leases (default each unit's [lease] lock_dir).
+    #[arg(long)]
+    lock_dir: Option<PathBuf>,
+    /// Interpreter for the oracle (default env LLM_BENCH_PYTHON, then [oracle] python).
+    #[arg(long)]
+    python: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum ClockCmd {
-    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines) and
-    /// prints its summary. Observes only. Exit 2 when there is no GPU to sample.
+    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines,
+    /// gzip-compressed when it ends in .gz) and prints its summary. Observes only. Exit 2 when
+    /// there is no GPU to sample.
     Sample {
         #[arg(long)]
         seconds: f64,
@@ -166,8 +173,8 @@ enum ClockCmd {
         #[arg(long, default_value_t = 20)]
         period_ms: u64,
     },
-    /// The clock gate on two series (from `clock sample` or a run's <stem>.<leg>.samples.jsonl),
-    /// with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
+    /// The clock gate on two series (from `clock sample` or a run's
+    /// <stem>.<leg>.samples.jsonl.gz, .jsonl in older records), with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
     /// no GPU data.
     Compare {
         a: PathBuf,
@@ -188,7 +195,7 @@ enum Format {
 /// reports/<leaf> under the project root holding the working directory (else under it).
 fn reports_path(leaf: &str) -> PathBuf {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    orchestrator::record::project_root(&cwd)
+    orchestrator::util::git::project_root(&cwd)
         .unwrap_or(cwd)
         .join("reports")
         .join(leaf)
@@ -198,9 +205,121 @@ fn code(c: i32) -> ExitCode {
     ExitCode::from(c.clamp(0, 255) as u8)
 }
 
+/// A clock command's stdout and exit status, or its error on stderr and exit 2.
+fn said(what: &str, r: Result<Said, String>) -> ExitCode {
+    match r {
+        Ok(s) => {
+            print!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            eprintln!("orchestrator {what}: {e}");
+            code(2)
+        }
+    }
+}
+
+fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
+    match run::run(unit, opts) {
+        Ok(o) => {
+            for w in &o.warnings {
+                eprintln!("orchestrator: {w}");
+            }
+            print!("{}", o.summary);
+            code(o.exit_status)
+        }
+        Err(e) => {
+            eprintln!("orchestrator: {e}");
+            code(run::EXIT_ERROR)
+        }
+    }
+}
+
+fn fleet_cmd(a: FleetArgs) -> fleet::FleetCmd {
+    fleet::FleetCmd {
+        units: a.units,
+        slurm: a.slurm,
+        submit: a.submit,
+        partition: a.partition,
+        account: a.account,
+        time: a.time,
+        records_dir: a.records_dir,
+        out: a.out,
+        repeat: a.repeat,
+        gpus: a.gpus,
+        lock_dir: a.lock_dir,
+        python: a.python,
+    }
+}
+
+fn check_cmd(unit: &Path, python: Option<&str>) -> ExitCode {
+    let (report, checked) = preflight::preflight(unit, python, false);
+    for l in &report.lines {
+        println!("{l}");
+    }
+    if checked.is_some() {
+        println!("preflight passed: {}", unit.display());
+        code(0)
+    } else {
+        println!(
+            "preflight FAILED: {} check(s) failed",
+            report.failures.len()
+        );
+        code(run::EXIT_ERROR)
+    }
+}
+
+fn report_cmd(records: &Path, out: &Path) -> ExitCode {
+    match report::report(records, out) {
+        Ok(o) => {
+            for p in &o.written {
+                println!("wrote {}", p.display());
+            }
+            for r in &o.rejected {
+                eprintln!("orchestrator report: {r}");
+            }
+            code(if o.rejected.is_empty() { 0 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("orchestrator report: {e}");
+            code(2)
+        }
+    }
+}
+
+fn compare_cmd(
+    base: &str,
+    head: &str,
+    records: &Path,
+    t: &Thresholds,
+    allow: bool,
+    format: Format,
+) -> ExitCode {
+    let (rejected, result) = compare::run(base, head, records, t, allow);
+    for r in &rejected {
+        eprintln!("orchestrator compare: {r}");
+    }
+    match result {
+        Ok(c) => {
+            match format {
+                Format::Table => print!("{}", render::compare::terminal(&c)),
+                Format::Markdown => print!("{}", render::compare::markdown(&c)),
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&c).expect("a comparison serializes")
+                ),
+            }
+            code(c.exit_status)
+        }
+        Err(e) => {
+            eprintln!("orchestrator compare: {e}");
+            code(regress::EXIT_ERROR)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.cmd {
+    match Cli::parse().cmd {
         Cmd::Run {
             unit,
             records_dir,
@@ -209,7 +328,7 @@ fn main() -> ExitCode {
             python,
             quiet,
             gpu,
-        } => code(run::run(
+        } => run_cmd(
             &unit,
             &RunOptions {
                 records_dir,
@@ -219,70 +338,13 @@ fn main() -> ExitCode {
                 quiet,
                 gpu,
             },
-        )),
-        Cmd::Fleet {
-            units,
-            slurm,
-            local: _,
-            submit,
-            partition,
-            account,
-            time,
-            records_dir,
-            out,
-            repeat,
-            gpus,
-            lock_dir,
-            python,
-        } => code(fleet::command(&fleet::FleetCmd {
-            units,
-            slurm,
-            submit,
-            partition,
-            account,
-            time,
-            records_dir,
-            out,
-            repeat,
-            gpus,
-            lock_dir,
-            python,
-        })),
-        Cmd::Check { unit, python } => {
-            let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
-            for l in &report.lines {
-                println!("{l}");
-            }
-            if checked.is_some() {
-                println!("preflight passed: {}", unit.display());
-                code(0)
-            } else {
-                println!(
-                    "preflight FAILED: {} check(s) failed",
-                    report.failures.len()
-                );
-                code(run::EXIT_ERROR)
-            }
-        }
-        Cmd::Report { records_dir, out } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let out = out.unwrap_or_else(|| reports_path("BENCHMARKS.md"));
-            match report::report(&records, &out) {
-                Ok(o) => {
-                    for p in &o.written {
-                        println!("wrote {}", p.display());
-                    }
-                    for r in &o.rejected {
-                        eprintln!("orchestrator report: {r}");
-                    }
-                    code(if o.rejected.is_empty() { 0 } else { 1 })
-                }
-                Err(e) => {
-                    eprintln!("orchestrator report: {e}");
-                    code(2)
-                }
-            }
-        }
+        ),
+        Cmd::Fleet(a) => code(fleet::command(&fleet_cmd(a))),
+        Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),
+        Cmd::Report { records_dir, out } => report_cmd(
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &out.unwrap_or_else(|| reports_path("BENCHMARKS.md")),
+        ),
         Cmd::Compare {
             base,
             head,
@@ -291,44 +353,18 @@ fn main() -> ExitCode {
             alpha,
             allow_different_hosts,
             format,
-        } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let t = Thresholds {
+        } => compare_cmd(
+            &base,
+            &head,
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &Thresholds {
                 min_effect: min_effect_pct / 100.0,
                 alpha,
                 ..Thresholds::default()
-            };
-            let (base, head) = (Spec::parse(&base), Spec::parse(&head));
-            // Two record files need no records directory.
-            let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
-                Ok((vec![], vec![]))
-            } else {
-                orchestrator::archive::load_dir(&records)
-            };
-            let result = loaded.and_then(|(recs, rejected)| {
-                for r in &rejected {
-                    eprintln!("orchestrator compare: {r}");
-                }
-                compare::compare(&base, &head, &recs, &t, allow_different_hosts)
-            });
-            match result {
-                Ok(c) => {
-                    match format {
-                        Format::Table => print!("{}", compare::render_terminal(&c)),
-                        Format::Markdown => print!("{}", compare::render_markdown(&c)),
-                        Format::Json => println!(
-                            "{}",
-                            serde_json::to_string_pretty(&c).expect("a comparison serializes")
-                        ),
-                    }
-                    code(c.exit_status)
-                }
-                Err(e) => {
-                    eprintln!("orchestrator compare: {e}");
-                    code(compare::EXIT_ERROR)
-                }
-            }
-        }
+            },
+            allow_different_hosts,
+            format,
+        ),
         Cmd::Lease {
             gpu,
             lock_dir,
@@ -350,16 +386,19 @@ fn main() -> ExitCode {
                     out,
                     period_ms,
                 },
-        } => code(sampler::sample_command(seconds, gpu, &out, period_ms)),
+        } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
-        } => code(clock::compare_command(
-            &a,
-            &b,
-            &ClockCfg {
-                basis,
-                ..ClockCfg::default()
-            },
-        )),
+        } => said(
+            "clock compare",
+            clock::compare(
+                &a,
+                &b,
+                &ClockCfg {
+                    basis,
+                    ..ClockCfg::default()
+                },
+            ),
+        ),
     }
 }

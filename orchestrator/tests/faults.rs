@@ -212,7 +212,16 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
         // Files beside the record are named relative to its directory.
         let name = s["series"].as_str().unwrap();
         assert!(!name.contains('/'), "{name}");
-        let series = std::fs::read_to_string(f.path("records/fake").join(name)).unwrap();
+        // Compressed beside the record (docs/RECORD.md).
+        assert!(name.ends_with(".samples.jsonl.gz"), "{name}");
+        let mut series = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                std::fs::File::open(f.path("records/fake").join(name)).unwrap(),
+            ),
+            &mut series,
+        )
+        .unwrap();
         assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
         for p in ["load", "warmup", "battery", "shutdown"] {
             // Phase rows end with their phase; host rows go on to rss_bytes.
@@ -254,8 +263,8 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
     assert!(md.contains("## Idle checks (before each leg)"), "{md}");
 }
 
-fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::sampler::Gpu>, String> {
-    use orchestrator::sampler::{FakeGpu, GpuProc, GpuState};
+fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::legs::sampler::Gpu>, String> {
+    use orchestrator::legs::sampler::{FakeGpu, GpuProc, GpuState};
     Ok(Box::new(FakeGpu {
         states: vec![GpuState {
             used_bytes: Some(23_000 << 20),
@@ -275,7 +284,7 @@ fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
     // GPU 7 is leased: no machine this runs on has it, so the sampler says "no GPU" while the
     // idle check sees the fake's process table.
     let f = Fixture::new("", "", "[lease]\ngpu = 7\n");
-    let (_, checked) = orchestrator::preflight::preflight(
+    let (_, checked) = orchestrator::unit::preflight::preflight(
         &f.path("unit.toml"),
         Some(f.path("python.sh").to_str().unwrap()),
         false,
@@ -291,7 +300,9 @@ fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
         open: busy_gpu,
         settle: Duration::ZERO,
     };
-    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle).unwrap();
+    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle)
+        .unwrap()
+        .exit_status;
     assert_eq!(code, 2, "neither leg was measured");
     let rec = f.record().unwrap();
     for leg in ["engine", "oracle"] {
@@ -450,6 +461,11 @@ fn wrong_tokens_are_refused_and_timings_still_shown() {
     assert!(s.contains("prompt p0 first differs at position 5"), "{s}");
     assert!(s.contains("not a near-tie (golden margin 0.5000)"), "{s}");
     assert_eq!(gate(&rec, "token", Some("oracle"))["verdict"], "pass");
+    // The refusal's scope is stored beside it: the engine's figures, every axis.
+    assert_eq!(
+        g["scope"],
+        serde_json::json!({"timings_of": ["engine"], "axes": "all"})
+    );
     let axis = &rec["axes"][0];
     assert!(
         axis["ours"].as_f64().unwrap() > 0.0,
@@ -517,6 +533,25 @@ fn kv_pools_that_cannot_be_matched_are_refused_with_figures() {
     );
     let argv = rec["legs"]["engine"]["argv"].to_string();
     assert!(argv.contains("\"--num-blocks\",\"32\""), "{argv}");
+    // Its scope, stored beside it: no leg's figures, the memory axes, with the notes the table
+    // wrote there.
+    let scope = &gate(&rec, "kv", None)["scope"];
+    assert_eq!(scope["timings_of"], serde_json::json!([]));
+    assert_eq!(scope["axes"], "memory");
+    let note = |name: &str| {
+        rec["axes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["axis"] == name)
+            .map(|a| a["note"].clone())
+            .unwrap()
+    };
+    assert_eq!(note("KV pool"), "could NOT be matched");
+    assert_eq!(
+        note("peak host memory"),
+        "KV pools not matched: raw, not like-for-like"
+    );
 }
 
 #[test]
@@ -552,6 +587,32 @@ fn kv_match_oracle_sets_its_override() {
     assert!(
         argv.contains("\"--num-gpu-blocks-override\",\"64\""),
         "{argv}"
+    );
+}
+
+#[test]
+fn an_oracle_that_names_no_resize_option_is_not_restarted_and_the_pools_are_refused() {
+    let f = Fixture::new(
+        "--kv=16,64",
+        "--kv=16,32 --resizable --no-resize-option",
+        "[gates]\nkv_match = \"oracle\"\n",
+    );
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(rec["legs"]["oracle"]["prior_starts"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let s = gate(&rec, "kv", None)["sentence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.contains(
+            "even after trying to restart the oracle, whose ready.kv names no resize_option"
+        ) && s.contains("oracle the option that sizes its pool)"),
+        "{s}"
     );
 }
 

@@ -149,8 +149,8 @@ fn local_places_one_unit_per_free_gpu_and_never_two_on_one() {
         .collect();
     let locks = root.join("locks");
     // GPU 2 is held by a job that is not the fleet's: no unit may go there.
-    let _foreign = orchestrator::lease::Lease::acquire(
-        orchestrator::lease::LeaseTarget::Gpu(2),
+    let _foreign = orchestrator::legs::lease::Lease::acquire(
+        orchestrator::legs::lease::LeaseTarget::Gpu(2),
         &locks,
         false,
         "a foreign job",

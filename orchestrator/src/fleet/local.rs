@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use super::{FleetError, Task};
 use crate::gates::idle;
-use crate::lease::LeaseTarget;
-use crate::placement::{self, HOST_GPUS_ENV};
-use crate::sampler::Gpu;
+use crate::legs::lease::LeaseTarget;
+use crate::legs::placement::{self, HOST_GPUS_ENV};
+use crate::legs::sampler::Gpu;
 
 #[derive(Clone)]
 pub struct LocalOptions {
@@ -90,7 +90,7 @@ fn busy(gpu: u32, t: &Task, o: &LocalOptions) -> Option<String> {
         &procs,
         used,
         t.unit.idle_max_used_mib,
-        idle::process_name,
+        crate::util::procfs::process_name,
     )
     .err()
     .map(|r| r.to_string())

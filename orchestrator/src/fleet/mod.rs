@@ -10,7 +10,7 @@ pub mod slurm;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::placement::{self, PlacementError};
+use crate::legs::placement::{self, PlacementError};
 use crate::unit::{Unit, UnitError};
 
 /// A unit as the fleet places it.
@@ -140,7 +140,7 @@ pub fn load_units(paths: &[PathBuf]) -> Result<Vec<FleetUnit>, FleetError> {
     let mut out: Vec<FleetUnit> = vec![];
     for p in paths {
         let unit = Unit::load(p).map_err(FleetError::Unit)?;
-        let root = crate::preflight::find_project_root(&unit.dir)
+        let root = crate::unit::preflight::find_project_root(&unit.dir)
             .ok_or_else(|| FleetError::NoProject { unit: p.clone() })?;
         if let Some(first) = out.first() {
             if first.project_root != root {
@@ -244,7 +244,7 @@ fn job_dir(records: &Path) -> PathBuf {
         .parent()
         .unwrap_or(records)
         .join("fleet")
-        .join(crate::record::utc_stamp(std::time::SystemTime::now()))
+        .join(crate::util::time::utc_stamp(std::time::SystemTime::now()))
 }
 
 fn slurm_command(c: &FleetCmd) -> Result<i32, FleetError> {
@@ -308,7 +308,7 @@ fn local_command(c: &FleetCmd) -> Result<i32, FleetError> {
         log_dir: job_dir(&records),
         records_dir: records,
         poll: std::time::Duration::from_millis(500),
-        open: crate::sampler::nvml::open,
+        open: crate::legs::sampler::nvml::open,
     };
     let done = local::run(&tasks, &o)?;
     println!("fleet: {} run(s)", done.len());

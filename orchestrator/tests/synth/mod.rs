@@ -1,7 +1,7 @@
 //! Synthetic run records in the shape `orchestrator run` writes (docs/RECORD.md), with known
 //! shifts planted in the samples, for the report and compare tests.
 
-use orchestrator::table::{words, Better};
+use orchestrator::numbers::axes::{words, Better};
 use serde_json::{json, Value};
 
 /// A deterministic value in [-1, 1] for (seed, i): planted noise that never changes.
@@ -34,7 +34,7 @@ pub struct Synth {
     pub seed: u64,
     pub token_refused: bool,
     pub kv_refused: bool,
-    /// The orchestrator_version the record claims (0.1.0 has a known erratum: archive.rs).
+    /// The orchestrator_version the record claims (0.1.0 has a known erratum: record/archive.rs).
     pub version: String,
 }
 
@@ -88,7 +88,7 @@ impl Synth {
     }
 
     fn median(xs: &[f64]) -> f64 {
-        orchestrator::timing::median(xs).unwrap()
+        stats::median(xs).unwrap()
     }
 
     pub fn record(&self) -> Value {
@@ -103,12 +103,7 @@ impl Synth {
         let n = e_ptx.len();
         let mut axes = vec![];
         let mut axis = |name: String, unit: &str, better: Better, ours: f64, oracle: f64| {
-            let b = match better {
-                Better::Lower => "lower",
-                Better::Higher => "higher",
-                Better::LessMemory => "less_memory",
-                Better::Neither => "neither",
-            };
+            let b = better.as_str();
             let memory = matches!(better, Better::LessMemory | Better::Neither);
             axes.push(json!({
                 "axis": name, "unit": unit, "better": b, "ours": ours, "oracle": oracle,

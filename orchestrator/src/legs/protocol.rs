@@ -1,0 +1,268 @@
+//! The leg protocol of docs/PROTOCOL.md: the events a leg sends and the requests we send it.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Kv {
+    pub block_size: u64,
+    pub num_blocks: u64,
+    pub capacity_tokens: u64,
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    /// Keys a leg may add (`resize_option`; vLLM's `vllm_reported_tokens`), kept for the record.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Kv {
+    /// The option of the leg's own that sizes its pool in blocks (`resize_option`, e.g. vLLM's
+    /// `num_gpu_blocks_override`), where the leg names one: the kv gate's resize sets it.
+    pub fn resize_option(&self) -> Option<&str> {
+        self.extra.get("resize_option").and_then(Value::as_str)
+    }
+
+    /// Pools within `tolerance_blocks` of the larger block size count as the same.
+    pub fn within(&self, other: &Kv, tolerance_blocks: u64) -> bool {
+        let slack = tolerance_blocks * self.block_size.max(other.block_size);
+        self.capacity_tokens.abs_diff(other.capacity_tokens) <= slack
+    }
+}
+
+/// Blocks of `block_size` needed to hold at least `capacity_tokens`.
+pub fn blocks_for(capacity_tokens: u64, block_size: u64) -> u64 {
+    capacity_tokens.div_ceil(block_size.max(1))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ready {
+    pub load_s: f64,
+    pub kv: Option<Kv>,
+    #[serde(default)]
+    pub features: Map<String, Value>,
+    #[serde(default)]
+    pub versions: Map<String, Value>,
+    #[serde(default)]
+    pub resolved: Map<String, Value>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub pids: Vec<u32>,
+}
+
+impl Ready {
+    fn feature_str(&self, key: &str) -> Option<&str> {
+        self.features.get(key).and_then(Value::as_str)
+    }
+    pub fn backend(&self) -> Option<&str> {
+        self.feature_str("backend")
+    }
+    pub fn device(&self) -> Option<&str> {
+        self.feature_str("device")
+    }
+    pub fn dtype(&self) -> Option<&str> {
+        self.feature_str("dtype")
+    }
+    /// `features.degraded` as strings; a missing list reads as empty, a non-list as one entry.
+    pub fn degraded(&self) -> Vec<String> {
+        match self.features.get("degraded") {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .collect(),
+            Some(v) => vec![v.to_string()],
+        }
+    }
+    /// Why a leg has no pool (`features.kv`), for a `kv: null` leg.
+    pub fn no_kv_reason(&self) -> String {
+        match self.features.get("kv") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => "the leg reported kv: null and gave no reason in features.kv".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PromptResult {
+    pub id: String,
+    pub index: usize,
+    pub tokens: Vec<u32>,
+    pub elapsed_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Done {
+    pub id: String,
+    pub wall_s: f64,
+    #[serde(default)]
+    pub tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorEvent {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub fatal: bool,
+}
+
+/// Every event a leg may send, by its `type`. A new event is a variant here, a line in
+/// [`parse_event`] and one in [`Event::describe`].
+#[derive(Debug, Clone)]
+pub enum Event {
+    Ready(Box<Ready>),
+    Result(PromptResult),
+    Done(Done),
+    Error(ErrorEvent),
+}
+
+impl Event {
+    /// The event in words, for a sentence saying it came when it should not have.
+    pub fn describe(&self) -> String {
+        match self {
+            Event::Ready(_) => "a ready event".into(),
+            Event::Result(r) => format!("a result for request {:?}", r.id),
+            Event::Done(d) => format!("done for request {:?}", d.id),
+            Event::Error(_) => "an error event".into(),
+        }
+    }
+}
+
+/// Why a stdout line is not a protocol event; the caller quotes the line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LineProblem {
+    NotJson(String),
+    NoType,
+    UnknownType(String),
+    BadFields(String, String),
+}
+
+impl std::fmt::Display for LineProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineProblem::NotJson(e) => write!(f, "not a JSON object ({e})"),
+            LineProblem::NoType => write!(f, "a JSON object with no \"type\" field"),
+            LineProblem::UnknownType(t) => write!(f, "an unknown event type {t:?}"),
+            LineProblem::BadFields(t, e) => {
+                write!(f, "a {t:?} event with missing or mistyped fields ({e})")
+            }
+        }
+    }
+}
+
+pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
+    let v: Value = serde_json::from_str(line).map_err(|e| LineProblem::NotJson(e.to_string()))?;
+    let Value::Object(obj) = &v else {
+        return Err(LineProblem::NotJson("not an object".into()));
+    };
+    let ty = obj
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or(LineProblem::NoType)?
+        .to_string();
+    fn fields<T: DeserializeOwned>(ty: &str, v: Value) -> Result<T, LineProblem> {
+        serde_json::from_value(v).map_err(|e| LineProblem::BadFields(ty.into(), e.to_string()))
+    }
+    match ty.as_str() {
+        "ready" => Ok(Event::Ready(Box::new(fields(&ty, v)?))),
+        "result" => Ok(Event::Result(fields(&ty, v)?)),
+        "done" => Ok(Event::Done(fields(&ty, v)?)),
+        "error" => Ok(Event::Error(fields(&ty, v)?)),
+        _ => Err(LineProblem::UnknownType(ty)),
+    }
+}
+
+/// Every request the orchestrator sends, tagged by `type`. A new request is a variant here.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request<'a> {
+    Generate {
+        id: &'a str,
+        prompts: &'a [Vec<u32>],
+        max_tokens: u32,
+        ignore_eos: bool,
+        batch: u32,
+    },
+    Shutdown,
+}
+
+impl Request<'_> {
+    /// The request as one protocol line, newline included.
+    pub fn line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("a request always serializes");
+        s.push('\n');
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(bs: u64, n: u64) -> Kv {
+        Kv {
+            block_size: bs,
+            num_blocks: n,
+            capacity_tokens: bs * n,
+            bytes: None,
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn within_one_block_of_the_larger_size() {
+        assert!(kv(16, 64).within(&kv(16, 65), 1));
+        assert!(!kv(16, 64).within(&kv(16, 66), 1));
+        assert!(kv(16, 33).within(&kv(512, 1), 1));
+        assert_eq!(blocks_for(1000, 16), 63);
+        assert_eq!(blocks_for(1024, 16), 64);
+    }
+
+    #[test]
+    fn requests_are_one_line_each_tagged_by_type() {
+        let prompts = vec![vec![1, 2]];
+        let g = Request::Generate {
+            id: "r0-n8",
+            prompts: &prompts,
+            max_tokens: 8,
+            ignore_eos: true,
+            batch: 1,
+        };
+        assert_eq!(
+            g.line(),
+            "{\"type\":\"generate\",\"id\":\"r0-n8\",\"prompts\":[[1,2]],\"max_tokens\":8,\"ignore_eos\":true,\"batch\":1}\n"
+        );
+        assert_eq!(Request::Shutdown.line(), "{\"type\":\"shutdown\"}\n");
+    }
+
+    #[test]
+    fn events_parse_and_problems_are_named() {
+        let r = parse_event(r#"{"type":"ready","load_s":1.5,"kv":null,"features":{"backend":"cpu","degraded":[]},"versions":{},"resolved":{},"pid":7}"#).unwrap();
+        let Event::Ready(r) = r else { panic!() };
+        assert_eq!(r.backend(), Some("cpu"));
+        assert!(r.degraded().is_empty());
+        assert!(matches!(parse_event("hello"), Err(LineProblem::NotJson(_))));
+        assert_eq!(parse_event(r#"{"a":1}"#).unwrap_err(), LineProblem::NoType);
+        assert_eq!(
+            parse_event(r#"{"type":"progress"}"#).unwrap_err(),
+            LineProblem::UnknownType("progress".into())
+        );
+        assert!(matches!(
+            parse_event(r#"{"type":"result","id":"x"}"#),
+            Err(LineProblem::BadFields(..))
+        ));
+    }
+}

@@ -1,0 +1,335 @@
+//! `unit.toml` and the data files it names (`prompts.json`, `golden.json`), and the preflight
+//! that checks all of them before a leg starts.
+//!
+//! The unit file is ours: every table denies unknown keys so a typo is an error, never a silent
+//! default (config.rs). The JSON data files belong to the oracle side; they are checked by their
+//! `schema` number and the fields we read, so that a field added there does not break a run
+//! here (data.rs).
+
+mod config;
+mod data;
+pub mod preflight;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use config::{
+    Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleCfg, SamplerCfg, UnitFile,
+    WatchdogCfg,
+};
+pub use data::{
+    load_golden, load_prompts, Golden, GoldenCapture, GoldenOutput, Prompt, PromptsFile,
+};
+
+/// A unit-file (or data-file) problem: the file, what is wrong, and how to fix it.
+#[derive(Debug)]
+pub struct UnitError {
+    pub file: PathBuf,
+    pub message: String,
+}
+
+impl fmt::Display for UnitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.message)
+    }
+}
+
+impl std::error::Error for UnitError {}
+
+pub(crate) fn err(file: &Path, message: impl Into<String>) -> UnitError {
+    UnitError {
+        file: file.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// A parsed unit with its paths resolved.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    /// The unit file itself.
+    pub path: PathBuf,
+    /// The directory holding it: relative paths in the file are relative to this.
+    pub dir: PathBuf,
+    pub config: UnitFile,
+}
+
+impl Unit {
+    pub fn load(path: &Path) -> Result<Unit, UnitError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err(
+                path,
+                format!(
+                    "cannot read the unit file ({e}); pass the path of a goldens/<unit>/unit.toml"
+                ),
+            )
+        })?;
+        let unit = Unit::parse(path, &text)?;
+        Ok(unit)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Unit, UnitError> {
+        let config: UnitFile = toml::from_str(text).map_err(|e| {
+            // toml's message names the key and line; add the fix for the common case.
+            let msg = e.to_string();
+            let hint = if msg.contains("unknown field") {
+                "; every key is listed with its default in docs/UNIT.md (a typo is an error, never a default)"
+            } else if msg.contains("missing field") {
+                "; add the key (docs/UNIT.md lists the required ones)"
+            } else {
+                ""
+            };
+            err(path, format!("{}{hint}", msg.trim_end()))
+        })?;
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let dir = abs
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let unit = Unit {
+            path: abs,
+            dir,
+            config,
+        };
+        unit.validate()?;
+        Ok(unit)
+    }
+
+    fn validate(&self) -> Result<(), UnitError> {
+        let c = &self.config;
+        let p = &self.path;
+        if c.name.is_empty() || c.name.contains('/') || c.name.starts_with('.') {
+            return Err(err(
+                p,
+                format!("name = {:?} is not usable as a directory name under reports/records/; use e.g. \"tiny-llama\"", c.name),
+            ));
+        }
+        if c.battery.max_tokens < 2 {
+            return Err(err(
+                p,
+                format!("battery.max_tokens = {} but the timing recipe needs at least 2 ((elapsed(N) - elapsed(1)) / (N - 1)); set it to 32", c.battery.max_tokens),
+            ));
+        }
+        if c.battery.repeat == 0 {
+            return Err(err(
+                p,
+                "battery.repeat = 0 measures nothing; set it to 1 or more",
+            ));
+        }
+        if c.battery.batch_sizes.is_empty() || c.battery.batch_sizes.contains(&0) {
+            return Err(err(
+                p,
+                format!("battery.batch_sizes = {:?}: each must be >= 1 and the list non-empty; e.g. [1, 4]", c.battery.batch_sizes),
+            ));
+        }
+        if c.engine.num_blocks.is_some() && c.engine.kv_cache_memory.is_some() {
+            return Err(err(
+                p,
+                "engine.num_blocks and engine.kv_cache_memory are both set; the pool is sized by one of them, remove the other",
+            ));
+        }
+        if c.golden.is_empty() {
+            return Err(err(
+                p,
+                "no [[golden]] entry: the token gate needs one (file, device, dtype); see docs/UNIT.md",
+            ));
+        }
+        for (name, v) in [
+            ("load_s", c.watchdog.load_s),
+            ("warmup_s", c.watchdog.warmup_s),
+            ("battery_s", c.watchdog.battery_s),
+            ("shutdown_s", c.watchdog.shutdown_s),
+            ("grace_s", c.watchdog.grace_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(err(
+                    p,
+                    format!(
+                        "watchdog.{name} = {v}: a deadline must be a positive number of seconds"
+                    ),
+                ));
+            }
+        }
+        parse_device(&c.engine.device).map_err(|m| err(p, format!("engine.device: {m}")))?;
+        Ok(())
+    }
+
+    /// A path from the unit file, relative to the unit's directory unless absolute.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    pub fn model_dir(&self) -> PathBuf {
+        self.resolve(&self.config.model)
+    }
+
+    pub fn prompts_path(&self) -> PathBuf {
+        self.resolve(&self.config.battery.prompts)
+    }
+
+    /// `engine.binary` is relative to the project root (the git top-level), not the unit.
+    pub fn engine_binary(&self, project_root: &Path) -> PathBuf {
+        let b = &self.config.engine.binary;
+        if b.is_absolute() {
+            b.clone()
+        } else {
+            project_root.join(b)
+        }
+    }
+
+    /// The golden that applies to a leg that ran on `device` with `dtype`: the first match wins.
+    pub fn golden_for(&self, device: &str, dtype: &str) -> Option<&GoldenRef> {
+        let kind = device_kind(device);
+        self.config
+            .golden
+            .iter()
+            .find(|g| device_kind(&g.device) == kind && g.dtype == dtype)
+    }
+}
+
+/// "cpu" -> None, "cuda" / "cuda:N" -> Some(N).
+pub fn parse_device(device: &str) -> Result<Option<u32>, String> {
+    if device == "cpu" {
+        return Ok(None);
+    }
+    if device == "cuda" {
+        return Ok(Some(0));
+    }
+    if let Some(n) = device.strip_prefix("cuda:") {
+        return n
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{device:?} is not \"cpu\" or \"cuda:N\""));
+    }
+    Err(format!("{device:?} is not \"cpu\" or \"cuda:N\""))
+}
+
+/// "cuda:1" -> "cuda": goldens are per kind of device, not per index.
+pub fn device_kind(device: &str) -> &str {
+    device.split(':').next().unwrap_or(device)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The smallest unit that parses: every other key takes its default.
+    pub const MINIMAL: &str = r#"
+name = "t"
+model = "model"
+[battery]
+prompts = "prompts.json"
+[[golden]]
+file = "golden.json"
+[oracle]
+backend = "transformers"
+"#;
+
+    #[test]
+    fn minimal_unit_gets_documented_defaults() {
+        let u = Unit::parse(Path::new("/x/unit.toml"), MINIMAL).unwrap();
+        let c = &u.config;
+        assert_eq!(c.battery.max_tokens, 32);
+        assert_eq!(c.battery.repeat, 3);
+        assert_eq!(c.battery.warmup, 1);
+        assert_eq!(c.battery.batch_sizes, vec![1]);
+        assert_eq!(c.engine.binary, PathBuf::from("target/release/engine"));
+        assert_eq!(c.watchdog.load_s, 900.0);
+        assert_eq!(c.watchdog.shutdown_s, 30.0);
+        assert_eq!(c.lease.lock_dir, PathBuf::from("/tmp/llm-bench-locks"));
+        assert_eq!(c.gates.kv_match, KvMatch::Engine);
+        assert_eq!(u.model_dir(), PathBuf::from("/x/model"));
+        assert_eq!(
+            u.engine_binary(Path::new("/root")),
+            PathBuf::from("/root/target/release/engine")
+        );
+    }
+
+    /// docs/UNIT.md's example must parse, and show the same defaults the code applies.
+    #[test]
+    fn the_documented_unit_parses_with_the_documented_defaults() {
+        let doc = include_str!("../../../docs/UNIT.md");
+        let start = doc.find("```toml\n").expect("a toml block in docs/UNIT.md") + 8;
+        let block = &doc[start..start + doc[start..].find("```").unwrap()];
+        let documented = Unit::parse(Path::new("/x/unit.toml"), block).unwrap();
+        let minimal = Unit::parse(Path::new("/x/unit.toml"), MINIMAL).unwrap();
+        let json = |u: &Unit| {
+            let c = &u.config;
+            serde_json::json!([
+                c.battery.max_tokens,
+                c.battery.ignore_eos,
+                c.battery.warmup,
+                c.battery.repeat,
+                c.battery.batch_sizes,
+                c.engine,
+                c.gates,
+                c.lease,
+                c.watchdog,
+                c.sampler,
+                c.oracle.python,
+                c.oracle.device,
+                c.oracle.dtype
+            ])
+        };
+        assert_eq!(json(&documented), json(&minimal));
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_file_key_and_fix() {
+        let text = MINIMAL.replace("[battery]", "[battery]\nrepeats = 2");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("/x/unit.toml:"), "{e}");
+        assert!(e.contains("repeats"), "{e}");
+        assert!(e.contains("docs/UNIT.md"), "{e}");
+    }
+
+    #[test]
+    fn unknown_key_in_watchdog_is_an_error() {
+        let text = format!("{MINIMAL}\n[watchdog]\nload = 5\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("load"), "{e}");
+    }
+
+    #[test]
+    fn both_pool_sizes_is_an_error() {
+        let text = format!("{MINIMAL}\n[engine]\nnum_blocks = 4\nkv_cache_memory = 100\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("remove the other"), "{e}");
+    }
+
+    #[test]
+    fn max_tokens_one_is_refused_by_the_recipe() {
+        let text = MINIMAL.replace("[battery]", "[battery]\nmax_tokens = 1");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 2"), "{e}");
+    }
+
+    #[test]
+    fn golden_choice_by_device_kind_and_dtype() {
+        let text = MINIMAL.replace(
+            "[[golden]]\nfile = \"golden.json\"",
+            "[[golden]]\nfile = \"g-cpu.json\"\n[[golden]]\nfile = \"g-gpu.json\"\ndevice = \"cuda\"\ndtype = \"bfloat16\"",
+        );
+        let u = Unit::parse(Path::new("/x/unit.toml"), &text).unwrap();
+        assert_eq!(
+            u.golden_for("cuda:1", "bfloat16").unwrap().file,
+            PathBuf::from("g-gpu.json")
+        );
+        assert_eq!(
+            u.golden_for("cpu", "float32").unwrap().file,
+            PathBuf::from("g-cpu.json")
+        );
+        assert!(u.golden_for("cuda:0", "float32").is_none());
+    }
+}
