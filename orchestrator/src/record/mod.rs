@@ -2,6 +2,7 @@
 //! rewritten. docs/RECORD.md documents every field.
 
 pub mod archive;
+pub mod class;
 mod provenance;
 pub mod select;
 pub mod write;
