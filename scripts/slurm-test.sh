@@ -31,7 +31,7 @@ fi
 status=0
 started=$(scripts/slurm-local.sh start) || status=$?
 if [ "$status" -eq 3 ]; then
-    echo "SKIPPED: the Slurm fleet test: Slurm and munge are not installed and could not be installed here (scripts/slurm-local.sh said why above)"
+    echo "SKIPPED: the Slurm fleet test: scripts/slurm-local.sh can neither install nor start Slurm and munge here (it said why above)"
     exit 0
 elif [ "$status" -ne 0 ]; then
     fail "scripts/slurm-local.sh start exited $status (above)"
