@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -9,7 +10,7 @@ import traceback
 from typing import Callable
 
 import oracle
-from oracle.backends import Backend, LoadError, SeqResult, load_backend
+from oracle.backends import Backend, LoadError, SeqResult, VerifyResult, load_backend
 from oracle.protocol import (
     INTERNAL,
     LOAD_FAILED,
@@ -17,9 +18,11 @@ from oracle.protocol import (
     Emitter,
     GenerateRequest,
     ProtocolError,
+    VerifyRequest,
     claim_stdout,
     parse_generate,
     parse_line,
+    parse_verify,
     validate,
 )
 
@@ -39,14 +42,18 @@ class Leg:
         self.backend = backend
         self.emit = emit
 
-    def handle_generate(self, msg: dict | GenerateRequest, t_read: float, margins: bool = False) -> list[SeqResult]:
-        req = msg if isinstance(msg, GenerateRequest) else parse_generate(msg)
+    def _validate(self, req: GenerateRequest | VerifyRequest) -> None:
         validate(req, self.backend.limits)
         max_batch = getattr(self.backend, "max_batch", None)
         if max_batch is not None and req.batch > max_batch:
             raise ProtocolError(OVER_CAPACITY, f"batch {req.batch} exceeds the {max_batch} sequences this leg was "
                                 f"started for (max_num_seqs); fix: restart it with --max-num-seqs >= {req.batch}",
                                 req.id)
+        self.backend.check_request(req)
+
+    def handle_generate(self, msg: dict | GenerateRequest, t_read: float, margins: bool = False) -> list[SeqResult]:
+        req = msg if isinstance(msg, GenerateRequest) else parse_generate(msg)
+        self._validate(req)
         results: list[SeqResult] = []
 
         def on_result(r: SeqResult) -> None:
@@ -61,6 +68,33 @@ class Leg:
             raise RuntimeError(f"backend returned {len(results)} results for {len(req.prompts)} prompts")
         self.emit({"type": "done", "id": req.id, "wall_s": time.perf_counter() - t_read,
                    "tokens": sum(len(r.tokens) for r in results)})
+        return results
+
+    def handle_verify(self, msg: dict | VerifyRequest, t_read: float) -> list[VerifyResult]:
+        """Teacher forcing (docs/PROTOCOL.md `verify`): one `verified` per prompt, then `done`."""
+        req = msg if isinstance(msg, VerifyRequest) else parse_verify(msg)
+        self._validate(req)
+        results: list[VerifyResult] = []
+
+        def on_verified(r: VerifyResult) -> None:
+            n = len(req.forced[r.index])
+            if not len(r.argmax) == len(r.gap) == n or (r.scale is not None and len(r.scale) != n):
+                raise RuntimeError(f"backend verified prompt {r.index} with {len(r.argmax)} argmax, {len(r.gap)} gap "
+                                   f"values for {n} forced tokens")
+            bad = next((j for j, g in enumerate(r.gap + (r.scale or [])) if not math.isfinite(g)), None)
+            if bad is not None:
+                what = "gap" if bad < n else "scale"
+                raise RuntimeError(f"non-finite {what} at prompt {r.index}, position {bad % n}: the {r.path} "
+                                   "logits hold NaN or infinity")
+            self.emit({"type": "verified", "id": req.id, "index": r.index, "argmax": r.argmax, "gap": r.gap,
+                       "scale": r.scale, "path": r.path})
+            results.append(r)
+
+        self.backend.verify(req, on_verified)
+        if len(results) != len(req.prompts):
+            raise RuntimeError(f"backend verified {len(results)} prompts of {len(req.prompts)}")
+        self.emit({"type": "done", "id": req.id, "wall_s": time.perf_counter() - t_read,
+                   "tokens": sum(len(f) for f in req.forced)})
         return results
 
 
@@ -100,13 +134,17 @@ def serve(args) -> int:
                 msg = parse_line(line)
                 if msg["type"] == "shutdown":
                     break
-                leg.handle_generate(msg, t_read)
+                if msg["type"] == "verify":
+                    leg.handle_verify(msg, t_read)
+                else:
+                    leg.handle_generate(msg, t_read)
             except ProtocolError as e:
                 emitter.emit(e.event())
             except Exception as e:  # noqa: BLE001 (anything else is fatal, with its cause)
                 traceback.print_exc(file=sys.stderr)
                 rid = msg.get("id") if isinstance(msg, dict) and isinstance(msg.get("id"), str) else None
-                emitter.emit(ProtocolError(INTERNAL, f"generation failed: {type(e).__name__}: {e}", rid,
+                what = "verification" if isinstance(msg, dict) and msg.get("type") == "verify" else "generation"
+                emitter.emit(ProtocolError(INTERNAL, f"{what} failed: {type(e).__name__}: {e}", rid,
                                            fatal=True).event())
                 return EXIT_INTERNAL
         return 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from oracle.protocol import GenerateRequest, Limits
+from oracle.protocol import GenerateRequest, Limits, VerifyRequest
 
 BACKENDS = ("transformers", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,6 +34,22 @@ class SeqResult:
 
 
 OnResult = Callable[[SeqResult], None]
+
+
+@dataclass
+class VerifyResult:
+    """One prompt of a `verify` (docs/PROTOCOL.md `verified`): per forced position, the backend's
+    greedy choice, logit(argmax) - logit(forced), the largest |logit| (None where unknown), and
+    which code path produced the logits."""
+
+    index: int
+    argmax: list[int]
+    gap: list[float]
+    scale: list[float] | None
+    path: str
+
+
+OnVerified = Callable[[VerifyResult], None]
 
 
 @dataclass
@@ -101,6 +117,15 @@ class Backend:
     def generate(self, req: GenerateRequest, on_result: OnResult, margins: bool = False) -> None:
         """Run req; call on_result once per prompt, in completion order. Timing follows
         docs/PROTOCOL.md (batch 1: from this prompt's prefill; batch N: from request start)."""
+        raise NotImplementedError
+
+    def check_request(self, req: GenerateRequest | VerifyRequest) -> None:
+        """What only this backend refuses beyond docs/PROTOCOL.md's validation: raise a
+        ProtocolError (called before any prompt of req starts)."""
+
+    def verify(self, req: VerifyRequest, on_verified: OnVerified) -> None:
+        """Teacher-force req (already validated); call on_verified once per prompt, in completion
+        order, up to req.batch prompts in flight as generate has them."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -1,5 +1,10 @@
 """The Hugging Face transformers reference oracle (cpu or cuda), greedy, no KV pool.
 
+`verify` (teacher forcing) runs this very loop with the forced token appended instead of the
+argmax: the prefill gives position 0, each later position one single-token pass over the cache
+(`path` "decode"), so a forced row equal to the generated tokens reproduces generate's logits
+bit for bit.
+
 Decoding is our own loop over `model(...)` with a per-sequence DynamicCache: prefill the whole
 prompt in one forward pass, then one token per pass, argmax over float32 logits (the lowest
 index wins ties, as torch.argmax does). EOS never alters logits: with ignore_eos the loop simply
@@ -17,8 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from oracle.backends import Backend, LoadError, ModelInfo, OnResult, SeqResult
-from oracle.protocol import GenerateRequest, Limits
+from oracle.backends import Backend, LoadError, ModelInfo, OnResult, OnVerified, SeqResult, VerifyResult
+from oracle.protocol import GenerateRequest, Limits, VerifyRequest
 
 NO_KV = "none: transformers has no paged pool"
 
@@ -33,6 +38,11 @@ class _Seq:
     margins: list[float] = field(default_factory=list)
     runner_up: list[int] = field(default_factory=list)
     ttft: float | None = None
+    # verify: the tokens to feed, and per position argmax, gap and max |logit|
+    forced: list[int] | None = None
+    argmax: list[int] = field(default_factory=list)
+    gap: list[float] = field(default_factory=list)
+    scale: list[float] = field(default_factory=list)
 
 
 class TransformersBackend(Backend):
@@ -116,6 +126,8 @@ class TransformersBackend(Backend):
             self.torch.cuda.synchronize(self.device)
 
     def _step(self, seq: _Seq, want_margins: bool) -> int:
+        """One forward pass (the prompt's prefill, then one token over the cache); appends and
+        returns the token fed next: the argmax, or with seq.forced the forced token."""
         torch = self.torch
         ids = seq.prompt if not seq.tokens else seq.tokens[-1:]
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -123,6 +135,13 @@ class TransformersBackend(Backend):
         seq.cache = out.past_key_values
         logits = out.logits[0, -1].float()
         tok = int(torch.argmax(logits))  # first maximal index: lowest id wins ties
+        if seq.forced is not None:
+            forced = seq.forced[len(seq.tokens)]
+            # Both logits come from one widened row: the same token gives exactly 0.
+            seq.argmax.append(tok)
+            seq.gap.append(float(logits[tok] - logits[forced]))
+            seq.scale.append(float(logits.abs().max()))
+            tok = forced
         if want_margins:
             top = torch.topk(logits, 2)
             seq.margins.append(float(top.values[0] - top.values[1]))
@@ -159,3 +178,21 @@ class TransformersBackend(Backend):
                         on_result(SeqResult(seq.index, seq.tokens, now - seq.t0, seq.ttft,
                                             seq.margins if margins else None,
                                             seq.runner_up if margins else None))
+
+    def verify(self, req: VerifyRequest, on_verified: OnVerified) -> None:
+        """generate's round-robin loop with the forced tokens fed: EOS never stops a row."""
+        torch = self.torch
+        pending = list(enumerate(zip(req.prompts, req.forced)))
+        pending.reverse()
+        active: list[_Seq] = []
+        with torch.inference_mode():
+            while pending or active:
+                while pending and len(active) < req.batch:
+                    i, (p, f) = pending.pop()
+                    active.append(_Seq(index=i, prompt=list(p), t0=0.0, forced=list(f)))
+                for seq in list(active):
+                    self._step(seq, False)
+                    if len(seq.tokens) >= len(seq.forced):
+                        active.remove(seq)
+                        seq.cache = None
+                        on_verified(VerifyResult(seq.index, seq.argmax, seq.gap, seq.scale, "decode"))

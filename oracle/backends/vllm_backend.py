@@ -9,6 +9,8 @@ v1/engine/llm_engine.py, v1/engine/core.py, config/cache.py, config/compilation.
   schedules them together (continuous batching), while we see each request finish: its
   elapsed time is taken when the step that finished it returns. Batch N keeps up to N
   requests in flight, admitting the next prompt as one finishes.
+- `verify` scores prompt + forced as one prompt's log-probs (SamplingParams.prompt_logprobs,
+  the prefill path; docs/ORACLE.md says why not the decode step), through the same loop.
 - KV figures come from `vllm_config.cache_config` (num_gpu_blocks, block_size,
   kv_cache_size_tokens), which vLLM fills in both the in-process and the multi-process
   engine (core.py `_initialize_kv_caches`, core_client.py `_apply_ready_response`).
@@ -26,10 +28,14 @@ import time
 from collections import deque
 from typing import Any
 
-from oracle.backends import Backend, LoadError, ModelInfo, OnResult, SeqResult, descendants
-from oracle.protocol import GenerateRequest, Limits
+from oracle.backends import Backend, LoadError, ModelInfo, OnResult, OnVerified, SeqResult, VerifyResult, descendants
+from oracle.backends.vllm_logprobs import top2_gap, verified_from_prompt_logprobs
+from oracle.protocol import TOO_LONG, GenerateRequest, Limits, ProtocolError, VerifyRequest
 
 PINNED = "0.26.0"
+# verify: top-k of the prompt log-probs besides the forced token (vLLM's max_logprobs is 20). The
+# argmax is the best of them; k > 1 only so a tie at the top resolves to the lowest id.
+VERIFY_TOPK = 4
 _ENV_RECORDED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER",
                  "VLLM_ATTENTION_BACKEND", "CUDA_VISIBLE_DEVICES")
 
@@ -317,24 +323,19 @@ class VllmBackend(Backend):
         }
 
     # -- generation --------------------------------------------------------------------------------
-    def generate(self, req: GenerateRequest, on_result: OnResult, margins: bool = False) -> None:
-        sp: dict[str, Any] = {"temperature": 0.0, "max_tokens": req.max_tokens, "ignore_eos": req.ignore_eos,
-                              "detokenize": False}
-        if not req.ignore_eos and self.info.eos_ids:
-            # No tokenizer, so vLLM knows no EOS id: stop at config.json's ids (the token is kept).
-            sp["stop_token_ids"] = list(self.info.eos_ids)
-        if margins:
-            sp["logprobs"] = 2  # raw log-probs of the top 2 (their gap equals the logit gap)
-        params = self.SamplingParams(**sp)
+    def _drive(self, prompts: list[list[int]], params, batch: int, on_finished) -> None:
+        """Keep up to `batch` requests in flight, the next admitted as one finishes, and step the
+        engine as LLM.generate's own loop does; on_finished(index, output, now, t0, m0) for each
+        finished request, `now` taken when the step that finished it returned."""
         engine = self.llm.llm_engine
-        pending = deque(enumerate(req.prompts))
+        pending = deque(enumerate(prompts))
         inflight: dict[str, tuple[int, float, float]] = {}  # request id -> (index, t0, monotonic t0)
         t_req, mono_req = time.perf_counter(), time.monotonic()
 
         def admit() -> None:
-            while pending and len(inflight) < req.batch:
+            while pending and len(inflight) < batch:
                 i, p = pending.popleft()
-                t0, m0 = (time.perf_counter(), time.monotonic()) if req.batch == 1 else (t_req, mono_req)
+                t0, m0 = (time.perf_counter(), time.monotonic()) if batch == 1 else (t_req, mono_req)
                 rid = self.llm.enqueue([{"prompt_token_ids": list(p)}], params, use_tqdm=False)[0]
                 inflight[rid] = (i, t0, m0)
 
@@ -349,23 +350,71 @@ class VllmBackend(Backend):
                 if not getattr(o, "finished", False) or key is None:
                     continue
                 i, t0, m0 = inflight.pop(key)
-                comp = o.outputs[0]
-                ttft = None
-                metrics = getattr(o, "metrics", None)  # only when vLLM's stats logging is on
-                first = getattr(metrics, "first_token_ts", 0.0) if metrics is not None else 0.0
-                if first and first > m0:  # engine-core timestamps are time.monotonic()
-                    ttft = first - m0
-                gaps = runner_up = None
-                if margins:
-                    gaps, runner_up = [], []
-                    for chosen, pos in zip(comp.token_ids, comp.logprobs or []):
-                        gap, other = top2_gap(chosen, {t: lp.logprob for t, lp in (pos or {}).items()})
-                        gaps.append(gap)
-                        runner_up.append(other)
-                on_result(SeqResult(i, list(comp.token_ids), now - t0, ttft, gaps, runner_up))
+                on_finished(i, o, now, t0, m0)
             admit()
             if inflight and not outs and not engine.has_unfinished_requests():
                 raise RuntimeError(f"vLLM reports no unfinished requests but {len(inflight)} never finished")
+
+    def generate(self, req: GenerateRequest, on_result: OnResult, margins: bool = False) -> None:
+        sp: dict[str, Any] = {"temperature": 0.0, "max_tokens": req.max_tokens, "ignore_eos": req.ignore_eos,
+                              "detokenize": False}
+        if not req.ignore_eos and self.info.eos_ids:
+            # No tokenizer, so vLLM knows no EOS id: stop at config.json's ids (the token is kept).
+            sp["stop_token_ids"] = list(self.info.eos_ids)
+        if margins:
+            sp["logprobs"] = 2  # raw log-probs of the top 2 (their gap equals the logit gap)
+
+        def finished(i: int, o, now: float, t0: float, m0: float) -> None:
+            comp = o.outputs[0]
+            ttft = None
+            metrics = getattr(o, "metrics", None)  # only when vLLM's stats logging is on
+            first = getattr(metrics, "first_token_ts", 0.0) if metrics is not None else 0.0
+            if first and first > m0:  # engine-core timestamps are time.monotonic()
+                ttft = first - m0
+            gaps = runner_up = None
+            if margins:
+                gaps, runner_up = [], []
+                for chosen, pos in zip(comp.token_ids, comp.logprobs or []):
+                    gap, other = top2_gap(chosen, {t: lp.logprob for t, lp in (pos or {}).items()})
+                    gaps.append(gap)
+                    runner_up.append(other)
+            on_result(SeqResult(i, list(comp.token_ids), now - t0, ttft, gaps, runner_up))
+
+        self._drive(req.prompts, self.SamplingParams(**sp), req.batch, finished)
+
+    # -- verify (teacher forcing) ------------------------------------------------------------------
+    def check_request(self, req: GenerateRequest | VerifyRequest) -> None:
+        """vLLM takes a prompt only below max_model_len (one slot stays for a generated token:
+        vllm/v1/engine/input_processor.py `_validate_prompt_len`), and verify sends
+        prompt + forced as one prompt, so a row filling the context exactly cannot be scored."""
+        if not isinstance(req, VerifyRequest):
+            return
+        for i, (p, f) in enumerate(zip(req.prompts, req.forced)):
+            n = len(p) + len(f)
+            if n >= self.limits.max_model_len:
+                raise ProtocolError(
+                    TOO_LONG,
+                    f"prompt {i}: {len(p)} prompt tokens + {len(f)} forced tokens = {n} fill vLLM's whole context "
+                    f"(max_model_len {self.limits.max_model_len}); the vLLM oracle scores forced tokens as the "
+                    f"prompt log-probs of one {n}-token prompt, and vLLM accepts a prompt only below max_model_len; "
+                    f"fix: start the leg with --max-model-len {n + 1} or more, or force one token fewer",
+                    req.id,
+                )
+
+    def verify(self, req: VerifyRequest, on_verified: OnVerified) -> None:
+        """Prefill path: each prompt + its forced row is one request with prompt log-probs (the
+        forced token's own log-prob is always returned beside the top-k) and max_tokens 1, up to
+        req.batch in flight as generate has them. Log-probs only, so scale is unknown (None)."""
+        params = self.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False,
+                                     prompt_logprobs=VERIFY_TOPK)
+        rows = [list(p) + list(f) for p, f in zip(req.prompts, req.forced)]
+
+        def finished(i: int, o, now: float, t0: float, m0: float) -> None:
+            argmax, gap = verified_from_prompt_logprobs(len(req.prompts[i]), req.forced[i],
+                                                        getattr(o, "prompt_logprobs", None))
+            on_verified(VerifyResult(i, argmax, gap, None, "prefill"))
+
+        self._drive(rows, params, req.batch, finished)
 
     def close(self) -> None:
         """Shut the engine down and make sure no child process is left behind."""
@@ -429,13 +478,3 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return True
     return False
-
-
-def top2_gap(chosen: int, logprobs: dict[int, float]) -> tuple[float | None, int | None]:
-    """The gap between the two best log-probs of a position, and the best token other than the
-    one chosen (the runner-up): None where vLLM returned fewer than two."""
-    ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], kv[0]))
-    if len(ranked) < 2:
-        return None, None
-    others = [t for t, _ in ranked if t != chosen]
-    return ranked[0][1] - ranked[1][1], (others[0] if others else None)

@@ -103,6 +103,9 @@ pub fn compare(a: &Path, b: &Path, cfg: &ClockCfg) -> Result<Said, String> {
         let _ = writeln!(out, "{}", explain(off, cfg.basis, None).sentence);
     }
     let reasons = judge(&x, &y, cfg);
+    for n in crate::gates::clock::notes(&x, &y, cfg) {
+        let _ = writeln!(out, "note: {n}");
+    }
     if reasons.is_empty() {
         let _ = writeln!(out, "comparable: {}", pass_text(&x, &y));
         return Ok(Said { out, exit: 0 });

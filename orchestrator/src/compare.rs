@@ -4,6 +4,8 @@
 //! survives a change of machine, the absolute figure the one a user feels. docs/REPORT.md
 //! states the rules; render/compare.rs draws the result.
 
+mod like;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -113,6 +115,14 @@ fn ungated_because(rec: &RecordView, axis: &Axis, engine_only: bool) -> Option<S
     })
 }
 
+/// Two reasons not to judge, as one phrase.
+fn join(a: Option<String>, b: Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(format!("{a}, and {b}")),
+        (a, b) => a.or(b),
+    }
+}
+
 pub fn compare_unit(
     base: &Stored,
     head: &Stored,
@@ -146,10 +156,12 @@ pub fn compare_unit(
             return out;
         }
         out.notes.push(format!(
-            "The records differ in {}; they are compared because --allow-different-hosts was given, so read the ours/oracle rows first: the ratio is the signal that survives a change of machine.",
+            "The records differ in {}; they are compared because --allow-different-hosts was given: our absolute figures are not judged across a change of GPU or driver, and the ratio ours/oracle only on the axes where the oracle's own figure held.",
             diffs.join("; ")
         ));
     }
+    let unlike = like::ours_unlike(b, h);
+    out.notes.extend(like::clock_note(b, h));
     for m in measured_axes(b, h) {
         let (ab, ah) = (axis_view(b, &m), axis_view(h, &m));
         let (eb, eh) = ((m.pick)(&b.timings.engine), (m.pick)(&h.timings.engine));
@@ -172,13 +184,36 @@ pub fn compare_unit(
             better: m.better.as_str(),
             measure,
         };
-        out.rows
-            .push(judge(what("ours"), &vals(&eb), &vals(&eh), why(true), t));
+        let ours_why = join(
+            why(true),
+            (!unlike.is_empty()).then(|| {
+                format!(
+                    "the records are not like for like for our absolute figures: {}",
+                    unlike.join("; ")
+                )
+            }),
+        );
+        let (veb, veh, vob, voh) = (vals(&eb), vals(&eh), vals(&ob), vals(&oh));
+        let moved = like::oracle_moved(
+            &like::AxisSamples {
+                axis: &m.name,
+                better: m.better.as_str(),
+                engine: [&veb, &veh],
+                oracle: [&vob, &voh],
+                oracle_spread_pct: [
+                    like::spread_pct(&b.timings.oracle, &m.name),
+                    like::spread_pct(&h.timings.oracle, &m.name),
+                ],
+            },
+            [b, h],
+            t,
+        );
+        out.rows.push(judge(what("ours"), &veb, &veh, ours_why, t));
         out.rows.push(judge(
             what("ours/oracle"),
             &ratios(&eb, &ob),
             &ratios(&eh, &oh),
-            why(false),
+            join(why(false), moved),
             t,
         ));
     }

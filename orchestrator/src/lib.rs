@@ -19,6 +19,7 @@ pub mod render;
 
 pub mod clock;
 pub mod compare;
+pub mod faults;
 pub mod fleet;
 pub mod report;
 pub mod run;

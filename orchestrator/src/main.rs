@@ -12,7 +12,7 @@ use orchestrator::numbers::regress::{self, Thresholds};
 use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
-use orchestrator::unit::preflight;
+use orchestrator::unit::{preflight, LegChoice};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -44,6 +44,17 @@ enum Cmd {
         /// No progress lines on stderr.
         #[arg(long, short)]
         quiet: bool,
+        /// Which legs to run: "engine", "oracle" or "both". With one, the gates that need the
+        /// other say "not applicable" and why (a planted-fault run needs only the engine).
+        #[arg(long, default_value = "both", value_parser = LegChoice::parse)]
+        legs: LegChoice,
+        /// Timed passes over the battery, instead of the unit's [battery] repeat (the record's
+        /// unit configuration says what ran; `compare` refuses records that differ in it).
+        #[arg(long)]
+        repeat: Option<u32>,
+        /// Untimed warm-up passes, instead of the unit's [battery] warmup.
+        #[arg(long)]
+        warmup: Option<u32>,
         /// Run a GPU unit on GPU N of this host: its engine's cuda:N, its lease, its sampler
         /// (as `fleet` places units; docs/FLEET.md).
         #[arg(long)]
@@ -112,6 +123,27 @@ enum Cmd {
     Clock {
         #[command(subcommand)]
         cmd: ClockCmd,
+    },
+    /// The planted-fault evidence (scripts/fault-table.sh runs these around the runs).
+    Faults {
+        #[command(subcommand)]
+        cmd: FaultsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum FaultsCmd {
+    /// The engine faults (ENGINE_FAULT) that apply to a unit, each with why; the last line
+    /// lists them, comma-separated. Exit 2 when the unit or its model cannot be read.
+    Plan { unit: PathBuf },
+    /// The fault table from the records of engine-only runs under DIR (one clean run and one
+    /// per fault, per unit), in Markdown. Exit 0: every fault that changed the model refused and
+    /// every clean leg passed; 1: otherwise; 2: no record.
+    Table {
+        dir: PathBuf,
+        /// Also write the table to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -318,6 +350,29 @@ fn compare_cmd(
     }
 }
 
+fn faults_cmd(cmd: FaultsCmd) -> ExitCode {
+    use orchestrator::faults;
+    let r = match &cmd {
+        FaultsCmd::Plan { unit } => faults::plan_command(unit),
+        FaultsCmd::Table { dir, out } => faults::table(dir).and_then(|s| match out {
+            Some(p) => std::fs::write(p, &s.out)
+                .map(|()| s)
+                .map_err(|e| format!("cannot write {} ({e})", p.display())),
+            None => Ok(s),
+        }),
+    };
+    match r {
+        Ok(s) => {
+            print!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            eprintln!("orchestrator faults: {e}");
+            code(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().cmd {
         Cmd::Run {
@@ -327,6 +382,9 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
+            legs,
+            repeat,
+            warmup,
             gpu,
         } => run_cmd(
             &unit,
@@ -336,6 +394,9 @@ fn main() -> ExitCode {
                 no_wait,
                 python,
                 quiet,
+                legs,
+                repeat,
+                warmup,
                 gpu,
             },
         ),
@@ -387,6 +448,7 @@ fn main() -> ExitCode {
                     period_ms,
                 },
         } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
+        Cmd::Faults { cmd } => faults_cmd(cmd),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
         } => said(

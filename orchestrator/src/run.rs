@@ -7,8 +7,9 @@ use std::time::SystemTime;
 
 use crate::gates::{self, GateInput, GateResult};
 use crate::legs::lease::IdleCheck;
-use crate::legs::pair::{self, LeaseOptions, Pair};
+use crate::legs::pair::{self, LeaseOptions, LegOptions, Pair};
 use crate::legs::placement;
+use crate::legs::LegRecord;
 use crate::numbers::axes::axes;
 use crate::numbers::explain::clock_explain;
 use crate::numbers::timing::Timings;
@@ -16,6 +17,7 @@ use crate::record::write::{choose_stem, relative, write_new_atomic, StemClaim};
 use crate::record::{Findings, LegTimings, ProjectInfo, Record};
 use crate::render;
 use crate::unit::preflight::{self, Checked};
+use crate::unit::LegChoice;
 use crate::util::time::utc_stamp;
 
 #[derive(Debug, Clone, Default)]
@@ -27,6 +29,12 @@ pub struct RunOptions {
     pub no_wait: bool,
     pub python: Option<String>,
     pub quiet: bool,
+    /// Which legs run (`--legs`; default both).
+    pub legs: LegChoice,
+    /// Overrides of `[battery] repeat` and `warmup` (`--repeat`, `--warmup`): the record's unit
+    /// configuration holds the values that ran.
+    pub repeat: Option<u32>,
+    pub warmup: Option<u32>,
     /// Puts a GPU unit on this GPU of the host (legs/placement.rs).
     pub gpu: Option<u32>,
 }
@@ -49,7 +57,8 @@ pub struct Outcome {
 
 /// Preflight, then the run. Err: nothing was recorded, and why (exit 2).
 pub fn run(unit_path: &Path, opts: &RunOptions) -> Result<Outcome, String> {
-    let (report, checked) = preflight::preflight(unit_path, opts.python.as_deref(), !opts.quiet);
+    let (report, checked) =
+        preflight::preflight_legs(unit_path, opts.python.as_deref(), !opts.quiet, opts.legs);
     let Some(mut checked) = checked else {
         let lines: Vec<String> = report.failures.iter().map(|f| format!("  {f}")).collect();
         return Err(format!(
@@ -57,6 +66,12 @@ pub fn run(unit_path: &Path, opts: &RunOptions) -> Result<Outcome, String> {
             lines.join("\n")
         ));
     };
+    let battery = &mut checked.unit.config.battery;
+    if opts.repeat == Some(0) {
+        return Err("--repeat 0 measures nothing; give 1 or more".into());
+    }
+    battery.repeat = opts.repeat.unwrap_or(battery.repeat);
+    battery.warmup = opts.warmup.unwrap_or(battery.warmup);
     if let Some(n) = opts.gpu {
         placement::place_on_gpu(&mut checked.unit.config, n).map_err(|e| e.to_string())?;
     }
@@ -90,7 +105,15 @@ pub fn run_checked(
         lock_dir,
         wait: !opts.no_wait,
     };
-    let legs = pair::run(checked, &stem, &lease, opts.quiet, idle)?;
+    // Each leg teacher-forces the golden at the batch sizes the token gate judges that way.
+    let verify = |rec: &LegRecord| {
+        gates::token::rule::verify_plan(&checked.unit, &checked.goldens, &checked.prompts, rec)
+    };
+    let leg_opts = LegOptions {
+        legs: opts.legs,
+        verify: &verify,
+    };
+    let legs = pair::run(checked, &stem, &lease, &leg_opts, opts.quiet, idle)?;
     let rec = Record::assemble(checked, project, &legs, &dir, findings(checked, &legs));
     write(rec, &stem, &dir)
 }

@@ -4,7 +4,8 @@
 It speaks docs/PROTOCOL.md well enough to be benchmarked, and misbehaves on request. Its own
 options come first as --name=value; every other argument (the engine's or the oracle's argv) is
 accepted and mostly ignored:
-  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail
+  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail|
+          nan-verify|no-verify
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override (the option its ready.kv
@@ -12,6 +13,13 @@ accepted and mostly ignored:
   --no-resize-option   a pool whose ready.kv names no resize_option
   --backend=NAME       features.backend (default cpu)
   --degraded=A,B       features.degraded
+  --dtype=NAME         features.dtype (default float32)
+  --gap=X              verify: the gap reported where the leg's choice differs (default 1.0)
+  --scale=X|none       verify: every position's scale (default 3.0; none: null, as vLLM)
+`verify` (teacher forcing) answers with the fake's own tokens as argmax (gap 0 where they are
+the forced ones); under wrong-tokens, prompt 0's position 5 takes forced + 1 with gap --gap;
+under nan-verify its gap there is null (NaN logits); under no-verify every verify request is
+refused as malformed (a leg that predates verify).
 `... check ...` (as in `python -m oracle check`) prints an ok line and exits 0.
 
 Tokens are a pure function of the prompt, shared with tests/faults.rs: token(p, i) =
@@ -36,7 +44,7 @@ def main():
     rest = []
     for a in sys.argv[1:]:
         if a.startswith("--") and "=" in a and a.split("=")[0][2:] in (
-            "fault", "kv", "backend", "degraded"):
+            "fault", "kv", "backend", "degraded", "dtype", "gap", "scale"):
             k, v = a[2:].split("=", 1)
             own[k] = v
         elif a in ("--ignore-term", "--resizable", "--no-resize-option"):
@@ -75,7 +83,7 @@ def main():
         child = subprocess.Popen(["sleep", "300"])
         pids.append(child.pid)
     degraded = [d for d in own.get("degraded", "").split(",") if d]
-    features = {"backend": own.get("backend", "cpu"), "dtype": "float32", "device": "cpu",
+    features = {"backend": own.get("backend", "cpu"), "dtype": own.get("dtype", "float32"), "device": "cpu",
                 "cuda_graphs": False, "kernels": [], "degraded": degraded}
     if kv is None:
         features["kv"] = "none: fake leg without a pool"
@@ -91,6 +99,14 @@ def main():
                 time.sleep(1)
         if fault == "malformed":
             print("this is not a protocol line", flush=True)
+            continue
+        if req["type"] == "verify":
+            if fault == "no-verify":
+                send({"type": "error", "id": req["id"], "code": "malformed_request",
+                      "message": "unknown request type \"verify\" (expected \"generate\" or \"shutdown\")",
+                      "fatal": False})
+                continue
+            verify(req, fault, float(own.get("gap", "1.0")), own.get("scale", "3.0"))
             continue
         if fault == "error-event":
             send({"type": "error", "id": req["id"], "code": "internal",
@@ -111,6 +127,21 @@ def main():
                   "elapsed_s": now - origin, "ttft_s": (now - origin) / len(toks)})
         send({"type": "done", "id": req["id"], "wall_s": time.perf_counter() - start, "tokens": total})
     return 0
+
+
+def verify(req, fault, gap, scale):
+    start = time.perf_counter()
+    for idx, (p, forced) in enumerate(zip(req["prompts"], req["forced"])):
+        argmax = [token(p, j) for j in range(len(forced))]
+        gaps = [0.0 if a == f else gap for a, f in zip(argmax, forced)]
+        if idx == 0 and len(forced) > 5 and fault in ("wrong-tokens", "nan-verify"):
+            argmax[5] = forced[5] + 1
+            gaps[5] = gap if fault == "wrong-tokens" else None
+        scales = None if scale == "none" else [float(scale)] * len(forced)
+        send({"type": "verified", "id": req["id"], "index": idx, "argmax": argmax, "gap": gaps,
+              "scale": scales, "path": "decode"})
+    send({"type": "done", "id": req["id"], "wall_s": time.perf_counter() - start,
+          "tokens": sum(len(f) for f in req["forced"])})
 
 
 def send(obj):

@@ -76,15 +76,61 @@ impl Gate for BuildGate {
         if !degraded.is_empty() {
             out.push(BuildReason::BuildDegraded { degraded });
         }
-        if out.is_empty() {
-            return vec![GateResult::pass(
+        let mut v: Vec<GateResult> = if out.is_empty() {
+            vec![GateResult::pass(
                 self,
                 engine,
                 format!("the engine uses the {requested} backend and reports no degraded feature"),
-            )];
-        }
-        out.iter()
-            .map(|r| GateResult::refused(self, engine, r))
-            .collect()
+            )]
+        } else {
+            out.iter()
+                .map(|r| GateResult::refused(self, engine, r))
+                .collect()
+        };
+        v[0].notes = planted(ready).into_iter().collect();
+        v
+    }
+}
+
+/// The note a run with planted faults carries (`ready.features.fault`, docs/ENGINE.md): a test
+/// of the gates, not a measurement of the engine. Not a refusal: the slowdown fault must come
+/// out SLOWER in `compare`, and the others are the token gate's to refuse.
+fn planted(ready: &crate::legs::protocol::Ready) -> Option<String> {
+    let faults: Vec<&str> = ready
+        .features
+        .get("fault")?
+        .as_array()?
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    (!faults.is_empty()).then(|| {
+        format!(
+            "The engine ran with planted fault(s) {} (ENGINE_FAULT, test only): this record is evidence for the gates and compare, not a measurement of the engine; keep it out of reports/records.",
+            faults.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::testing::{judge, record};
+
+    #[test]
+    fn a_planted_fault_is_a_note_not_a_refusal() {
+        let mut e = record("engine");
+        e.ready = Some(
+            serde_json::from_value(serde_json::json!({"load_s": 1.0, "kv": null,
+                "features": {"backend": "cpu", "degraded": [], "fault": ["slow_step"]}}))
+            .unwrap(),
+        );
+        let v = judge(&BuildGate, &e, &record("oracle"));
+        assert_eq!(v.len(), 1);
+        assert!(!v[0].is_refused(), "{:?}", v[0]);
+        assert!(
+            v[0].notes[0].starts_with("The engine ran with planted fault(s) slow_step"),
+            "{:?}",
+            v[0].notes
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! and a line there (docs/GATES.md). The idle gate plugs into
 //! [`crate::legs::lease::IdleCheck`], which runs before each leg.
 
+pub mod absent;
 pub mod build;
 pub mod clock;
 pub mod golden_config;
@@ -68,6 +69,10 @@ pub struct GateResult {
     /// before scopes were stored ([`stored_scope`] derives it there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    /// What the gate saw that refuses nothing but a reader should know (a throttle reason at an
+    /// unchanged clock), each a sentence; shown under the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl GateResult {
@@ -78,6 +83,7 @@ impl GateResult {
             sentence: text.clone(),
             verdict: Verdict::Pass { text },
             scope: None,
+            notes: vec![],
         }
     }
 
@@ -88,6 +94,7 @@ impl GateResult {
             sentence: format!("not applicable: {reason}"),
             verdict: Verdict::NotApplicable { reason },
             scope: None,
+            notes: vec![],
         }
     }
 
@@ -105,6 +112,7 @@ impl GateResult {
                 refusal: serde_json::to_value(reason).expect("a gate's reason serializes"),
             },
             scope: Some(gate.scope(leg)),
+            notes: vec![],
         }
     }
 
@@ -186,7 +194,10 @@ pub fn registry() -> Vec<Box<dyn Gate>> {
 }
 
 pub fn judge_all(input: &GateInput) -> Vec<GateResult> {
-    registry().iter().flat_map(|g| g.judge(input)).collect()
+    registry()
+        .iter()
+        .flat_map(|g| absent::judge_present(g.as_ref(), input))
+        .collect()
 }
 
 /// The scope of a refusal that a record states without one (written before scopes were

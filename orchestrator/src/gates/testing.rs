@@ -52,15 +52,30 @@ pub fn sampled(leg: &str, sm: u32) -> LegRecord {
     r
 }
 
+/// `gate`'s verdicts on the pair as `judge_all` gives them (a leg not run: not applicable).
+pub fn judge_with(gate: &dyn Gate, engine: &LegRecord, oracle: &LegRecord) -> Vec<GateResult> {
+    with_input(engine, oracle, |input| {
+        super::absent::judge_present(gate, input)
+    })
+}
+
 /// `gate`'s verdicts on the pair, under a minimal unit.
 pub fn judge(gate: &dyn Gate, engine: &LegRecord, oracle: &LegRecord) -> Vec<GateResult> {
+    with_input(engine, oracle, |input| gate.judge(input))
+}
+
+fn with_input(
+    engine: &LegRecord,
+    oracle: &LegRecord,
+    f: impl FnOnce(&GateInput) -> Vec<GateResult>,
+) -> Vec<GateResult> {
     let unit = Unit::parse(
         Path::new("/x/unit.toml"),
         "name = \"t\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\n[[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"transformers\"\n",
     )
     .unwrap();
     let goldens = BTreeMap::new();
-    gate.judge(&GateInput {
+    f(&GateInput {
         unit: &unit,
         goldens: &goldens,
         prompt_ids: &[],

@@ -19,6 +19,8 @@ use crate::legs::watchdog::{self, Phase, WatchdogKill};
 use crate::unit::WatchdogCfg;
 use crate::util::procfs::{process_name, stat_state_pgid};
 
+mod verify;
+
 /// A leg in flight: its process (while alive) and everything recorded so far.
 pub struct LegRun {
     pub record: LegRecord,

@@ -2,6 +2,7 @@
 //! its watchdog, its progress, and the samplers beside it. What a leg did is a [`LegRecord`];
 //! [`pair`] runs both legs of a run.
 
+pub mod host_probe;
 pub mod lease;
 pub mod leg;
 pub mod pair;
@@ -12,6 +13,7 @@ pub mod protocol;
 pub mod record;
 pub mod sampler;
 pub mod spec;
+pub mod verified;
 pub mod watchdog;
 
 pub use record::{LegName, LegRecord};

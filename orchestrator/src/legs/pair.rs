@@ -1,19 +1,24 @@
 //! Both legs of one run under one lease: the idle check before each, the first leg run whole,
 //! the second loaded and, if its KV pool differs from the first's, restarted once sized to
-//! match (`[gates] kv_match`; the kv gate judges the result), then its battery. SIGINT or
-//! SIGTERM kills the running leg's process group and ends the run without a record.
+//! match (`[gates] kv_match`; the kv gate judges the result), then its battery. Each leg is
+//! preceded by the host probe (host_probe.rs) and followed, before its shutdown, by the verify
+//! phase the caller plans (the token gate's teacher forcing). `--legs` runs one leg alone; the
+//! other's record says why it was not run. SIGINT or SIGTERM kills the running leg's process
+//! group and ends the run without a record.
 
 use std::path::{Path, PathBuf};
 
+use crate::legs::host_probe;
 use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::legs::leg::LegRun;
 use crate::legs::placement::{self, Neighbour, Neighbours, Watch};
 use crate::legs::protocol::{blocks_for, Kv};
 use crate::legs::record::{LegFailure, LegName, LegRecord};
 use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec, Resize};
+use crate::legs::verified::VerifyPlan;
 use crate::legs::watchdog::{self, Phase};
 use crate::unit::preflight::Checked;
-use crate::unit::KvMatch;
+use crate::unit::{KvMatch, LegChoice};
 
 /// Both legs as they ran, and what ran around them.
 pub struct Pair {
@@ -36,12 +41,21 @@ pub struct LeaseOptions<'a> {
     pub wait: bool,
 }
 
+/// Which legs run, and what each is asked to verify after its battery.
+pub struct LegOptions<'a> {
+    pub legs: LegChoice,
+    /// The verify plan for a leg that completed its battery (its record holds `ready`); a plan
+    /// with no batch size skips the phase.
+    pub verify: &'a dyn Fn(&LegRecord) -> VerifyPlan,
+}
+
 /// Takes the lease, runs both legs, gives the lease back. Err: the lease could not be taken,
 /// or the run was interrupted; nothing was measured that could be recorded.
 pub fn run(
     checked: &Checked,
     stem: &Path,
     lease: &LeaseOptions,
+    legs: &LegOptions,
     quiet: bool,
     idle: &dyn IdleCheck,
 ) -> Result<Pair, String> {
@@ -80,6 +94,7 @@ pub fn run(
         quiet,
         lease: &held,
         idle,
+        legs,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -113,6 +128,14 @@ pub fn run(
     })
 }
 
+/// A leg left out of the run (`--legs`): no failure, nothing measured, and why.
+fn not_run(spec: &LegSpec, why: String) -> LegRecord {
+    LegRecord {
+        not_run: Some(why),
+        ..LegRecord::new(spec)
+    }
+}
+
 /// A leg that was never started (the idle check refused it).
 fn not_started(spec: &LegSpec, why: String) -> LegRecord {
     LegRecord {
@@ -133,6 +156,7 @@ struct Ctx<'a> {
     quiet: bool,
     lease: &'a Lease,
     idle: &'a dyn IdleCheck,
+    legs: &'a LegOptions<'a>,
 }
 
 impl Ctx<'_> {
@@ -161,17 +185,35 @@ impl Ctx<'_> {
         }
     }
 
+    /// The host probe, timed just before a leg starts.
+    fn probe(&self, leg: LegName) -> host_probe::HostProbe {
+        let p = host_probe::probe();
+        if !self.quiet {
+            eprintln!("[{leg}] {}", p.sentence());
+        }
+        p
+    }
+
+    /// The battery and, when it completed, the verify phase; then the shutdown.
+    async fn battery_verify_shutdown(&self, run: &mut LegRun) {
+        if !run.failed() && run.run_battery(&self.plan).await {
+            let plan = (self.legs.verify)(&run.record);
+            run.verify(&plan).await;
+        }
+        run.shutdown().await;
+    }
+
     async fn full_leg(&self, leg: LegName, notes: &mut Vec<String>) -> LegRecord {
         let spec = self.spec(leg, None, "");
         if let Err(why) = self.idle_ok(leg, notes) {
             return not_started(&spec, why);
         }
+        let probe = self.probe(leg);
         let wd = &self.checked.unit.config.watchdog;
         let mut run = LegRun::spawn(&spec, wd, self.quiet);
-        if run.load().await {
-            run.run_battery(&self.plan).await;
-        }
-        run.shutdown().await;
+        run.record.host_probe = Some(probe);
+        run.load().await;
+        self.battery_verify_shutdown(&mut run).await;
         run.into_record()
     }
 
@@ -189,7 +231,9 @@ impl Ctx<'_> {
         }
         let unit = &self.checked.unit.config;
         let wd = &unit.watchdog;
+        let probe = self.probe(leg);
         let mut run = LegRun::spawn(&spec, wd, self.quiet);
+        run.record.host_probe = Some(probe.clone());
         let mut resize_note = None;
         if run.load().await {
             let mine = run.ready().and_then(|r| r.kv.clone());
@@ -208,16 +252,14 @@ impl Ctx<'_> {
                         let prior = run.stop_for_restart(note).await;
                         let spec2 = self.spec(leg, Some(&resize), "-resized");
                         run = LegRun::spawn(&spec2, wd, self.quiet);
+                        run.record.host_probe = Some(probe.clone());
                         run.record.prior_starts.push(prior);
                         run.load().await;
                     }
                 }
             }
         }
-        if !run.failed() {
-            run.run_battery(&self.plan).await;
-        }
-        run.shutdown().await;
+        self.battery_verify_shutdown(&mut run).await;
         (run.into_record(), resize_note)
     }
 
@@ -229,15 +271,27 @@ impl Ctx<'_> {
             KvMatch::Oracle => (LegName::Engine, LegName::Oracle),
             KvMatch::Engine | KvMatch::Off => (LegName::Oracle, LegName::Engine),
         };
-        let a = self.full_leg(first, &mut notes).await;
+        let runs = |leg: LegName| match leg {
+            LegName::Engine => self.legs.legs.engine(),
+            LegName::Oracle => self.legs.legs.oracle(),
+        };
+        let absent = |leg: LegName| not_run(&self.spec(leg, None, ""), self.legs.legs.why_not());
+        let a = if runs(first) {
+            self.full_leg(first, &mut notes).await
+        } else {
+            absent(first)
+        };
         let target = if kv_match == KvMatch::Off {
             None
         } else {
             a.ready.as_ref().and_then(|r| r.kv.clone())
         };
-        let (b, kv_resize) = self
-            .resizable_leg(second, target.as_ref(), &mut notes)
-            .await;
+        let (b, kv_resize) = if runs(second) {
+            self.resizable_leg(second, target.as_ref(), &mut notes)
+                .await
+        } else {
+            (absent(second), None)
+        };
         let (engine, oracle) = if first == LegName::Engine {
             (a, b)
         } else {

@@ -80,7 +80,7 @@ impl LegProcess {
             .and_then(Result::ok)
     }
 
-    async fn next_event(&mut self) -> Result<Event, Fault> {
+    pub(super) async fn next_event(&mut self) -> Result<Event, Fault> {
         match self.stdout.next_line().await {
             Ok(Some(line)) => {
                 let line = line.trim_end_matches('\r').to_string();

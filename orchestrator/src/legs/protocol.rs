@@ -99,6 +99,21 @@ pub struct PromptResult {
     pub ttft_s: Option<f64>,
 }
 
+/// One prompt of a `verify` (teacher forcing): per forced position, the leg's greedy choice, the
+/// gap between its top logit and its logit for the forced token, and the largest |logit|. JSON has
+/// no NaN: a leg writes a non-finite `gap` or `scale` as `null`, read here as None.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verified {
+    pub id: String,
+    pub index: usize,
+    pub argmax: Vec<u32>,
+    pub gap: Vec<Option<f64>>,
+    /// None: the leg cannot know it (vLLM's log-probs); an entry None: not finite.
+    #[serde(default)]
+    pub scale: Option<Vec<Option<f64>>>,
+    pub path: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Done {
     pub id: String,
@@ -125,6 +140,7 @@ pub struct ErrorEvent {
 pub enum Event {
     Ready(Box<Ready>),
     Result(PromptResult),
+    Verified(Verified),
     Done(Done),
     Error(ErrorEvent),
 }
@@ -135,6 +151,7 @@ impl Event {
         match self {
             Event::Ready(_) => "a ready event".into(),
             Event::Result(r) => format!("a result for request {:?}", r.id),
+            Event::Verified(v) => format!("a verified for request {:?}", v.id),
             Event::Done(d) => format!("done for request {:?}", d.id),
             Event::Error(_) => "an error event".into(),
         }
@@ -179,6 +196,7 @@ pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
     match ty.as_str() {
         "ready" => Ok(Event::Ready(Box::new(fields(&ty, v)?))),
         "result" => Ok(Event::Result(fields(&ty, v)?)),
+        "verified" => Ok(Event::Verified(fields(&ty, v)?)),
         "done" => Ok(Event::Done(fields(&ty, v)?)),
         "error" => Ok(Event::Error(fields(&ty, v)?)),
         _ => Err(LineProblem::UnknownType(ty)),
@@ -194,6 +212,13 @@ pub enum Request<'a> {
         prompts: &'a [Vec<u32>],
         max_tokens: u32,
         ignore_eos: bool,
+        batch: u32,
+    },
+    /// Teacher forcing, untimed (the token gate's; docs/PROTOCOL.md).
+    Verify {
+        id: &'a str,
+        prompts: &'a [Vec<u32>],
+        forced: &'a [Vec<u32>],
         batch: u32,
     },
     Shutdown,
@@ -264,5 +289,26 @@ mod tests {
             parse_event(r#"{"type":"result","id":"x"}"#),
             Err(LineProblem::BadFields(..))
         ));
+    }
+
+    #[test]
+    fn verified_reads_null_as_not_finite_and_a_missing_scale_as_unknown() {
+        let e = parse_event(r#"{"type":"verified","id":"v","index":1,"argmax":[3,0],"gap":[0.0,null],"scale":[2.5,null],"path":"decode"}"#).unwrap();
+        let Event::Verified(v) = e else { panic!() };
+        assert_eq!(v.gap, vec![Some(0.0), None]);
+        assert_eq!(v.scale, Some(vec![Some(2.5), None]));
+        let e = parse_event(r#"{"type":"verified","id":"v","index":0,"argmax":[3],"gap":[0.5],"scale":null,"path":"prefill"}"#).unwrap();
+        let Event::Verified(v) = e else { panic!() };
+        assert_eq!((v.scale, v.path.as_str()), (None, "prefill"));
+        let v = Request::Verify {
+            id: "v8",
+            prompts: &[vec![1, 2]],
+            forced: &[vec![3]],
+            batch: 8,
+        };
+        assert_eq!(
+            v.line(),
+            "{\"type\":\"verify\",\"id\":\"v8\",\"prompts\":[[1,2]],\"forced\":[[3]],\"batch\":8}\n"
+        );
     }
 }

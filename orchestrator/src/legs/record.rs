@@ -5,9 +5,11 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+use crate::legs::host_probe::HostProbe;
 use crate::legs::protocol::{PromptResult, Ready};
 use crate::legs::sampler::{HostMemSummary, SamplerReport};
 use crate::legs::spec::LegSpec;
+use crate::legs::verified::VerifyRecord;
 use crate::legs::watchdog::{GpuStraggler, Phase, Straggler, WatchdogKill};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
@@ -129,6 +131,16 @@ pub struct LegRecord {
     /// Starts before this one (a kv resize restarts the leg).
     #[serde(default)]
     pub prior_starts: Vec<PriorStart>,
+    /// The token gate's teacher-forced requests, after the battery (none where every batch size
+    /// is held to exact match, and in records written before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verify: Vec<VerifyRecord>,
+    /// The host probe timed just before the leg started (legs/host_probe.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_probe: Option<HostProbe>,
+    /// Why the leg was not run at all (`run --legs`), when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
 }
 
 impl LegRecord {
@@ -163,6 +175,9 @@ impl LegRecord {
             gpu_stragglers: vec![],
             gpu_checked: false,
             prior_starts: vec![],
+            verify: vec![],
+            host_probe: None,
+            not_run: None,
         }
     }
 }

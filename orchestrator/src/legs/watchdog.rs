@@ -17,6 +17,9 @@ pub enum Phase {
     Load,
     Warmup,
     Battery,
+    /// The token gate's teacher-forced pass, after the battery: untimed, outside every window
+    /// that feeds an axis.
+    Verify,
     Shutdown,
 }
 
@@ -26,6 +29,7 @@ impl Phase {
             Phase::Load => "load",
             Phase::Warmup => "warmup",
             Phase::Battery => "battery",
+            Phase::Verify => "verify",
             Phase::Shutdown => "shutdown",
         }
     }
@@ -35,6 +39,7 @@ impl Phase {
             Phase::Load => cfg.load_s,
             Phase::Warmup => cfg.warmup_s,
             Phase::Battery => cfg.battery_s,
+            Phase::Verify => cfg.verify_s,
             Phase::Shutdown => cfg.shutdown_s,
         };
         Duration::from_secs_f64(s)

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gates::scope::{KV_POOL, PEAK_GPU_MEMORY, PEAK_HOST_MEMORY};
 use crate::gates::{GateResult, Scope};
+use crate::legs::sampler::summary::HOST_BOUND_BELOW_PCT;
 use crate::legs::{LegName, LegRecord};
 use crate::numbers::timing::{median_of, Timings};
 use ::stats::median;
@@ -150,6 +151,9 @@ pub(crate) fn axis(
     }
 }
 
+/// Each leg's mean GPU utilization over its battery.
+pub const UTILIZATION: &str = "GPU utilization, mean (battery)";
+
 /// The axis whose ratio the A/A noise and the clock's explainable gap are set against.
 pub const PER_TOKEN: &str = "per output token";
 
@@ -248,7 +252,34 @@ fn resource_axes(engine: &LegRecord, oracle: &LegRecord) -> Vec<Axis> {
     let (e, o) = both(&|l| summary(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0));
     let mut busy = axis("GPU busy (battery)".into(), "%", Better::Neither, e, o);
     busy.note = Some("share of driver utilization samples above 0%".into());
-    vec![load, host, pool, gpu, busy]
+    vec![load, host, pool, gpu, busy, utilization(engine, oracle)]
+}
+
+/// Each leg's mean driver utilization over its battery, naming a host-bound leg (mean below
+/// `HOST_BOUND_BELOW_PCT`): "GPU busy" counts any sample above 0%, so a leg whose GPU idles
+/// half of every step reads 100% busy there and about 50% here.
+fn utilization(engine: &LegRecord, oracle: &LegRecord) -> Axis {
+    let mean = |l: &LegRecord| l.sampler.summary.as_ref().and_then(|s| s.util_mean_pct);
+    let mut a = axis(
+        UTILIZATION.into(),
+        "%",
+        Better::Neither,
+        mean(engine),
+        mean(oracle),
+    );
+    let bound: Vec<String> = [engine, oracle]
+        .iter()
+        .filter(|l| l.sampler.summary.as_ref().and_then(|s| s.host_bound) == Some(true))
+        .map(|l| l.leg.to_string())
+        .collect();
+    a.note = Some(match bound.as_slice() {
+        [] => format!("mean of driver utilization samples; below {HOST_BOUND_BELOW_PCT}% a leg is host-bound"),
+        b => format!(
+            "HOST-BOUND: {} (mean below {HOST_BOUND_BELOW_PCT}%: the GPU idled for a large share of the battery, so the time moves with the host)",
+            b.join(", ")
+        ),
+    });
+    a
 }
 
 /// Marks the figures of each leg a refusal's scope names as refused (on every axis: shown,

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::gates::{stored_scope, Scope};
 use crate::legs::LegName;
 use crate::numbers::axes::Axis;
+pub use crate::record::legstate::{ClockView, ProbeView, SamplerView, SummaryView};
 use crate::record::SCHEMA;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -97,6 +98,14 @@ pub struct LegsView {
 pub struct LegView {
     #[serde(default)]
     pub ready: Option<ReadyView>,
+    /// The host probe timed before the leg (records from orchestrator 0.4.0 on).
+    #[serde(default)]
+    pub host_probe: Option<ProbeView>,
+    #[serde(default)]
+    pub sampler: SamplerView,
+    /// Why the leg was not run (`run --legs`), when it was not.
+    #[serde(default)]
+    pub not_run: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -3,6 +3,7 @@
 
 pub mod archive;
 pub mod class;
+pub mod legstate;
 mod provenance;
 pub mod select;
 pub mod write;

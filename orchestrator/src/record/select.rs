@@ -164,8 +164,16 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
 }
 
 /// Unit keys that cannot change what is measured: where the lock lives, how long a phase may
-/// run before the watchdog, the free-text description.
-const CONFIG_KEYS_IGNORED: [&str; 3] = ["lease", "watchdog", "description"];
+/// run before the watchdog, the free-text description, which golden the token gate checks
+/// against and how (`golden`: its `exact` flag came with issue 17), and the removed
+/// `gates.near_tie_margin`, which only worded a mismatch.
+const CONFIG_KEYS_IGNORED: [&str; 5] = [
+    "lease",
+    "watchdog",
+    "description",
+    "golden",
+    "gates.near_tie_margin",
+];
 
 fn show(v: Option<&Value>) -> String {
     match v {
@@ -285,6 +293,10 @@ mod tests {
         let mut b = a.clone();
         b.unit.config["battery"]["repeat"] = 5.into();
         b.unit.config["watchdog"]["load_s"] = 1.into();
+        // A record from before issue 17 carries the removed near_tie_margin; a golden marked
+        // exact changes what the token gate checks, not what is measured.
+        a.unit.config["gates"] = serde_json::json!({"near_tie_margin": 0.07});
+        b.unit.config["golden"] = serde_json::json!([{"file": "g.json", "exact": true}]);
         assert_eq!(
             differences(&a, &b),
             vec!["unit configuration key battery.repeat (base 3, head 5)".to_string()]

@@ -81,6 +81,28 @@ fn sampler_line(l: &LegRecord, dir: &Path) -> String {
     )
 }
 
+/// The gates' notes, (gate, sentence) each, in the verdicts' order.
+fn notes(rec: &Record) -> Vec<(&str, &str)> {
+    rec.gates
+        .iter()
+        .flat_map(|g| g.notes.iter().map(|n| (g.gate.as_str(), n.as_str())))
+        .collect()
+}
+
+/// Per leg, what the host probe timed before it, or why the leg was not run.
+fn host_lines(rec: &Record) -> Vec<String> {
+    let mut v = vec![];
+    for l in [&rec.legs.engine, &rec.legs.oracle] {
+        if let Some(why) = &l.not_run {
+            v.push(format!("the {} leg was not run ({why})", l.leg));
+        }
+        if let Some(p) = &l.host_probe {
+            v.push(format!("before the {} leg: {}", l.leg, p.sentence()));
+        }
+    }
+    v
+}
+
 /// The summary `orchestrator run` prints: the ratio table, every verdict, the samplers, the
 /// noise, the idle checks, the refusals, and where the record and its files are (`json_path`
 /// and `md_path` as the run named them, `dir` the record's directory).
@@ -101,9 +123,15 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     rec.gates
         .iter()
         .for_each(|g| line(gate_line(g, Format::Terminal)));
+    for (gate, n) in notes(rec) {
+        line(format!("note ({gate}): {n}"));
+    }
     for l in [&rec.legs.engine, &rec.legs.oracle] {
         line(sampler_line(l, dir));
     }
+    host_lines(rec)
+        .into_iter()
+        .for_each(|l| line(format!("host: {l}")));
     if let Some(x) = &rec.clock_explain {
         line(format!("clock: {}", x.sentence));
     }
@@ -160,6 +188,7 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
     for l in [&rec.legs.engine, &rec.legs.oracle] {
         item(&mut s, &sampler_line(l, Path::new("")));
     }
+    host_lines(rec).iter().for_each(|l| item(&mut s, l));
     if let Some(x) = &rec.clock_explain {
         item(&mut s, &format!("clock: {}", x.sentence));
     }
@@ -182,6 +211,13 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
     for g in &rec.gates {
         s.push_str(&gate_line(g, Format::Markdown));
         s.push('\n');
+    }
+    let notes = notes(rec);
+    if !notes.is_empty() {
+        s.push_str("\n## Notes (recorded, not refusals)\n\n");
+        for (gate, n) in notes {
+            item(&mut s, &format!("{gate}: {n}"));
+        }
     }
     s.push_str(&closing(rec));
     s

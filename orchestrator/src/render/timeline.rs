@@ -23,6 +23,7 @@ fn phase_colour(p: &str) -> &'static str {
         "load" => "#e6eef8",
         "warmup" => "#fdf3d8",
         "battery" => "#e2f3e2",
+        "verify" => "#ece2f5",
         "shutdown" => "#f6e3e3",
         _ => "#eeeeee",
     }

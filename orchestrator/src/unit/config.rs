@@ -71,6 +71,14 @@ pub struct GoldenRef {
     pub device: String,
     #[serde(default = "default_float32")]
     pub dtype: String,
+    /// Hold every leg and batch size to exact match against this golden (a trained model's
+    /// sharp logits), instead of teacher forcing where the golden is another implementation's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub exact: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,9 +148,6 @@ pub enum KvMatch {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatesCfg {
-    /// A first mismatch at a golden position whose top-2 margin is below this is called a near-tie.
-    #[serde(default = "default_near_tie")]
-    pub near_tie_margin: f64,
     #[serde(default = "default_kv_match")]
     pub kv_match: KvMatch,
     /// Pools within this many blocks (of the larger block size) count as the same.
@@ -175,7 +180,6 @@ pub struct GatesCfg {
 impl Default for GatesCfg {
     fn default() -> Self {
         GatesCfg {
-            near_tie_margin: default_near_tie(),
             kv_match: default_kv_match(),
             kv_tolerance_blocks: 1,
             golden_config_ignore: Vec::new(),
@@ -222,6 +226,9 @@ pub struct WatchdogCfg {
     pub warmup_s: f64,
     #[serde(default = "default_battery_s")]
     pub battery_s: f64,
+    /// The token gate's teacher-forced pass after the battery (docs/GATES.md, token).
+    #[serde(default = "default_verify_s")]
+    pub verify_s: f64,
     #[serde(default = "default_shutdown_s")]
     pub shutdown_s: f64,
     /// Seconds between SIGTERM and SIGKILL of a leg's process group.
@@ -235,6 +242,7 @@ impl Default for WatchdogCfg {
             load_s: default_load_s(),
             warmup_s: default_warmup_s(),
             battery_s: default_battery_s(),
+            verify_s: default_verify_s(),
             shutdown_s: default_shutdown_s(),
             grace_s: default_grace_s(),
         }
@@ -267,9 +275,6 @@ fn default_engine_binary() -> PathBuf {
 }
 fn default_python() -> String {
     "python3".into()
-}
-fn default_near_tie() -> f64 {
-    1e-3
 }
 fn default_kv_match() -> KvMatch {
     KvMatch::Engine
@@ -309,6 +314,9 @@ fn default_warmup_s() -> f64 {
 }
 fn default_battery_s() -> f64 {
     3600.0
+}
+fn default_verify_s() -> f64 {
+    600.0
 }
 fn default_shutdown_s() -> f64 {
     30.0

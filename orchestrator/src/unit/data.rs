@@ -82,6 +82,10 @@ pub struct GoldenOutput {
     /// before it was recorded have none).
     #[serde(default)]
     pub runner_up: Option<Vec<Option<u32>>>,
+    /// The largest |logit| per position, where the golden records it (none of today's goldens
+    /// do): the token gate's last resort for a position's scale (docs/GATES.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<Vec<Option<f64>>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,10 +6,12 @@
 //! `schema` number and the fields we read, so that a field added there does not break a run
 //! here (data.rs).
 
+pub mod choice;
 mod config;
 mod data;
 pub mod preflight;
 
+pub use choice::LegChoice;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -54,6 +56,14 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// The model's `num_hidden_layers` from its config.json, where it can be read.
+    pub fn model_layers(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.model_dir().join("config.json")).ok()?;
+        let cfg: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let layers = cfg.get("num_hidden_layers")?.as_u64()?;
+        u32::try_from(layers).ok()
+    }
+
     pub fn load(path: &Path) -> Result<Unit, UnitError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             err(
@@ -68,6 +78,7 @@ impl Unit {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Unit, UnitError> {
+        removed_keys(path, text)?;
         let config: UnitFile = toml::from_str(text).map_err(|e| {
             // toml's message names the key and line; add the fix for the common case.
             let msg = e.to_string();
@@ -137,6 +148,7 @@ impl Unit {
             ("load_s", c.watchdog.load_s),
             ("warmup_s", c.watchdog.warmup_s),
             ("battery_s", c.watchdog.battery_s),
+            ("verify_s", c.watchdog.verify_s),
             ("shutdown_s", c.watchdog.shutdown_s),
             ("grace_s", c.watchdog.grace_s),
         ] {
@@ -188,6 +200,24 @@ impl Unit {
             .iter()
             .find(|g| device_kind(&g.device) == kind && g.dtype == dtype)
     }
+}
+
+/// Keys this orchestrator no longer reads, each refused with what replaced it (a typo is an
+/// error, and so is a setting that would silently do nothing).
+fn removed_keys(path: &Path, text: &str) -> Result<(), UnitError> {
+    let Ok(v) = text.parse::<toml::Table>() else {
+        return Ok(()); // the parse proper names the syntax error
+    };
+    if v.get("gates")
+        .and_then(|g| g.get("near_tie_margin"))
+        .is_some()
+    {
+        return Err(err(
+            path,
+            "[gates] near_tie_margin was removed: the token gate no longer classifies a free-running mismatch by a hand-set margin; it teacher-forces the golden's tokens and judges each differing position by a tolerance that follows from the dtype and the logits' magnitude (docs/GATES.md, token). Delete the line (and its comment); a golden that should be matched exactly says so with exact = true in its [[golden]] entry",
+        ));
+    }
+    Ok(())
 }
 
 /// "cpu" -> None, "cuda" / "cuda:N" -> Some(N).
@@ -286,6 +316,20 @@ backend = "transformers"
         assert!(e.starts_with("/x/unit.toml:"), "{e}");
         assert!(e.contains("repeats"), "{e}");
         assert!(e.contains("docs/UNIT.md"), "{e}");
+    }
+
+    #[test]
+    fn the_removed_near_tie_margin_is_refused_naming_its_replacement() {
+        let text = format!("{MINIMAL}\n[gates]\nnear_tie_margin = 0.07\n");
+        let e = Unit::parse(Path::new("/x/unit.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/x/unit.toml: [gates] near_tie_margin was removed")
+                && e.contains("teacher-forces")
+                && e.contains("exact = true"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::unit::{self, Golden, Prompt, Unit};
+use crate::unit::{self, Golden, LegChoice, Prompt, Unit};
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
@@ -97,6 +97,16 @@ pub fn preflight(
     python_cli: Option<&str>,
     print: bool,
 ) -> (Report, Option<Checked>) {
+    preflight_legs(unit_path, python_cli, print, LegChoice::Both)
+}
+
+/// [`preflight`] for a run of `legs` only: the absent leg's program is not checked.
+pub fn preflight_legs(
+    unit_path: &Path,
+    python_cli: Option<&str>,
+    print: bool,
+    legs: LegChoice,
+) -> (Report, Option<Checked>) {
     let mut rep = Report {
         lines: vec![],
         failures: vec![],
@@ -138,19 +148,26 @@ pub fn preflight(
         None => BTreeMap::new(),
     };
     let engine_binary = unit.engine_binary(&root);
+    let not_run = || Ok(format!("not run ({})", legs.why_not()));
     rep.check(
         "engine",
-        check_executable(&engine_binary)
-            .map(|()| format!("{} is executable", engine_binary.display()))
-            .map_err(|m| format!(
-                "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
-                root.display()
-            )),
+        match legs.engine() {
+            false => not_run(),
+            true => check_executable(&engine_binary)
+                .map(|()| format!("{} is executable", engine_binary.display()))
+                .map_err(|m| format!(
+                    "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
+                    root.display()
+                )),
+        },
     );
     let python = oracle_python(&unit, python_cli);
     rep.check(
         "oracle",
-        check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+        match legs.oracle() {
+            false => not_run(),
+            true => check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+        },
     );
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,

@@ -36,6 +36,13 @@ pub struct Synth {
     pub kv_refused: bool,
     /// The orchestrator_version the record claims (0.1.0 has a known erratum: record/archive.rs).
     pub version: String,
+    /// The oracle's times are multiplied by this and its throughput divided (a host-bound
+    /// oracle on a slower host).
+    pub oracle_scale: f64,
+    /// The host probe's figure before each leg, ms (none: a record without probes).
+    pub probe_ms: Option<f64>,
+    /// The engine leg's median SM clock over its battery (none: not sampled).
+    pub engine_sm_mhz: Option<f64>,
 }
 
 impl Synth {
@@ -56,6 +63,9 @@ impl Synth {
             token_refused: false,
             kv_refused: false,
             version: "0.2.0".into(),
+            oracle_scale: 1.0,
+            probe_ms: None,
+            engine_sm_mhz: None,
         }
     }
 
@@ -93,13 +103,14 @@ impl Synth {
 
     pub fn record(&self) -> Value {
         let (e_pt, e_ptx) = self.samples(0.010, self.engine_scale, 1);
-        let (o_pt, o_ptx) = self.samples(0.012, 1.0, 2);
+        let o = self.oracle_scale;
+        let (o_pt, o_ptx) = self.samples(0.012, o, 2);
         let (e_tt, e_ttx) = self.samples(0.050, self.engine_scale, 3);
-        let (o_tt, o_ttx) = self.samples(0.040, 1.0, 4);
+        let (o_tt, o_ttx) = self.samples(0.040, o, 4);
         let e_b1 = self.throughput(100.0, self.engine_scale, 5);
-        let o_b1 = self.throughput(83.0, 1.0, 6);
+        let o_b1 = self.throughput(83.0, o, 6);
         let e_b4 = self.throughput(380.0, self.engine_scale, 7);
-        let o_b4 = self.throughput(400.0, 1.0, 8);
+        let o_b4 = self.throughput(400.0, o, 8);
         let n = e_ptx.len();
         let mut axes = vec![];
         let mut axis = |name: String, unit: &str, better: Better, ours: f64, oracle: f64| {
@@ -182,7 +193,7 @@ impl Synth {
             refusals.push(s.to_string());
         }
         let commit: String = self.tree.chars().rev().collect();
-        json!({
+        let mut rec = json!({
             "schema": 1,
             "created_utc": self.created,
             "orchestrator_version": self.version,
@@ -214,7 +225,17 @@ impl Synth {
             "axes": axes,
             "refusals": refusals,
             "exit_status": if self.token_refused || self.kv_refused { 1 } else { 0 }
-        })
+        });
+        for leg in ["engine", "oracle"] {
+            if let Some(ms) = self.probe_ms {
+                rec["legs"][leg]["host_probe"] =
+                    json!({"best_ms": ms, "ms": [ms], "cpu_model": "x86", "kernel": "6"});
+            }
+        }
+        if let Some(mhz) = self.engine_sm_mhz {
+            rec["legs"]["engine"]["sampler"] = json!({"summary": {"sm_mhz": {"p5": mhz, "median": mhz, "p95": mhz, "spread_pct": 0.0}}});
+        }
+        rec
     }
 
     /// Writes the record to `<root>/<unit>/<stamp>-<tree8>.json` and returns its path.

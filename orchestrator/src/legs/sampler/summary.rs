@@ -6,7 +6,17 @@
 //! - *busy fraction*: the share of the window's utilization samples above 0 %;
 //! - SM clock *p5 / median / p95*: linear-interpolated percentiles of the window's polls;
 //!   *spread* = (p95 - p5) / median x 100 %;
-//! - a throttle reason's *share*: the share of the window's polls that had its bit set;
+//! - a throttle reason's *share*: the share of the window's polls that had its bit set; its
+//!   *clock*: the p5 and median SM clock over those of its polls that do not also carry GpuIdle
+//!   (an idle GPU's low clock is the idle's, not the reason's), for the clock gate to see whether
+//!   it lowered the clock;
+//! - *highest SM clock*: the largest SM clock polled in the window (the ceiling a throttle is
+//!   measured against);
+//! - *mean utilization*: the mean of the window's utilization samples (a host-bound leg leaves
+//!   its GPU idle between kernels: busy in every sample, at 50% on average); a leg whose mean
+//!   utilization is below [`HOST_BOUND_BELOW_PCT`] is *host-bound*: its GPU sat idle for a large
+//!   share of its battery, so its times move with the host (CPU, Python, scheduling) more than
+//!   with its kernels;
 //! - *persistence* is on only if every poll in the window said so;
 //! - *peak GPU memory*: the largest sum over the leg's processes in one poll, over the whole leg
 //!   (the load is where memory peaks). Where the driver names none of the leg's processes (in a
@@ -18,6 +28,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::gpu::throttle_names;
+
+/// A leg whose GPU's mean utilization over its battery is below this (percent) is host-bound.
+pub const HOST_BOUND_BELOW_PCT: f64 = 70.0;
+
+/// NVML's GpuIdle clock event reason bit.
+const GPU_IDLE: u64 = 0x1;
 use super::Row;
 use crate::util::fmt::fmt_num;
 
@@ -35,6 +51,14 @@ pub struct ThrottleShare {
     pub name: String,
     pub samples: u64,
     pub share: f64,
+    /// Its polls without GpuIdle that had an SM clock (none in summaries written before).
+    #[serde(default)]
+    pub busy_polls: u64,
+    /// The p5 and median SM clock over those polls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_mhz_p5: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_mhz_median: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,7 +72,17 @@ pub struct GpuSummary {
     /// "buffer" (the driver's sample buffer), "poll", or "none".
     pub util_source: String,
     pub busy_fraction: Option<f64>,
+    /// The mean of the window's utilization samples, in percent (absent in summaries written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub util_mean_pct: Option<f64>,
+    /// Mean utilization below [`HOST_BOUND_BELOW_PCT`]: the leg is host-bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_bound: Option<bool>,
     pub sm_mhz: Option<ClockStats>,
+    /// The highest SM clock polled in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_mhz_max: Option<f64>,
     pub mem_mhz_median: Option<f64>,
     pub power_w_median: Option<f64>,
     pub power_w_max: Option<f64>,
@@ -104,11 +138,14 @@ struct Tally<'a> {
     power: Vec<f64>,
     temp_max: Option<u32>,
     throttle: BTreeMap<String, u64>,
+    /// Per reason, the SM clocks of its polls without GpuIdle.
+    throttle_sm: BTreeMap<String, Vec<f64>>,
     polls: u64,
     persist_on: u64,
     persist_off: u64,
     util_n: u64,
     busy_n: u64,
+    util_sum: u64,
     sources: Vec<&'a str>,
     t_span: Option<(u64, u64)>,
     /// Over the whole leg, not only the window: the load is where memory peaks.
@@ -153,7 +190,12 @@ impl<'a> Tally<'a> {
         if let Some(t) = temp_c {
             self.temp_max = Some(self.temp_max.unwrap_or(0).max(*t));
         }
-        for name in throttle_names(bits.unwrap_or(0)) {
+        let bits = bits.unwrap_or(0);
+        for name in throttle_names(bits) {
+            if let (0, Some(mhz)) = (bits & GPU_IDLE, sm_mhz) {
+                let clocks = self.throttle_sm.entry(name.clone()).or_default();
+                clocks.push(f64::from(*mhz));
+            }
             *self.throttle.entry(name).or_default() += 1;
         }
         match persistence {
@@ -167,6 +209,7 @@ impl<'a> Tally<'a> {
     fn util(&mut self, pct: u32, source: &'a str) {
         self.util_n += 1;
         self.busy_n += u64::from(pct > 0);
+        self.util_sum += u64::from(pct);
         if !self.sources.contains(&source) {
             self.sources.push(source);
         }
@@ -226,16 +269,24 @@ fn clock_stats(mut sm: Vec<f64>) -> Option<ClockStats> {
     })
 }
 
-fn finish(t: Tally, window: &str, window_s: f64) -> GpuSummary {
-    let mut throttle: Vec<ThrottleShare> = t
-        .throttle
+fn finish(mut t: Tally, window: &str, window_s: f64) -> GpuSummary {
+    let polls = t.polls.max(1) as f64;
+    let mut throttle: Vec<ThrottleShare> = std::mem::take(&mut t.throttle)
         .into_iter()
-        .map(|(name, samples)| ThrottleShare {
-            name,
-            samples,
-            share: samples as f64 / t.polls.max(1) as f64,
+        .map(|(name, samples)| {
+            let mut mhz = t.throttle_sm.remove(&name).unwrap_or_default();
+            mhz.sort_by(f64::total_cmp);
+            ThrottleShare {
+                busy_polls: mhz.len() as u64,
+                sm_mhz_p5: percentile(&mhz, 0.05),
+                sm_mhz_median: percentile(&mhz, 0.5),
+                name,
+                samples,
+                share: samples as f64 / polls,
+            }
         })
         .collect();
+    let util_mean_pct = (t.util_n > 0).then(|| t.util_sum as f64 / t.util_n as f64);
     throttle.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
     GpuSummary {
         window: window.into(),
@@ -249,6 +300,9 @@ fn finish(t: Tally, window: &str, window_s: f64) -> GpuSummary {
             t.sources.join("+")
         },
         busy_fraction: (t.util_n > 0).then(|| t.busy_n as f64 / t.util_n as f64),
+        util_mean_pct,
+        host_bound: util_mean_pct.map(|m| m < HOST_BOUND_BELOW_PCT),
+        sm_mhz_max: t.sm.iter().copied().reduce(f64::max),
         sm_mhz: clock_stats(t.sm),
         mem_mhz_median: ::stats::median(&t.mem),
         power_w_median: ::stats::median(&t.power),
@@ -281,6 +335,12 @@ impl fmt::Display for GpuSummary {
             self.util_samples,
             self.util_source
         )?;
+        if let Some(m) = self.util_mean_pct {
+            write!(f, "; mean utilization {m:.1}%")?;
+            if self.host_bound == Some(true) {
+                write!(f, " (host-bound: below {HOST_BOUND_BELOW_PCT}%)")?;
+            }
+        }
         match &self.sm_mhz {
             Some(c) => write!(
                 f,
@@ -304,7 +364,13 @@ impl fmt::Display for GpuSummary {
         let th: Vec<String> = self
             .throttle
             .iter()
-            .map(|t| format!("{} {:.1}%", t.name, t.share * 100.0))
+            .map(|t| {
+                let clock = t
+                    .sm_mhz_p5
+                    .map(|p| format!(" (SM p5 {} MHz when not idle)", fmt_num(p)))
+                    .unwrap_or_default();
+                format!("{} {:.1}%{clock}", t.name, t.share * 100.0)
+            })
             .collect();
         write!(
             f,
@@ -367,6 +433,55 @@ mod tests {
             });
         }
         row
+    }
+
+    #[test]
+    fn mean_utilization_names_a_host_bound_leg_that_reads_fully_busy() {
+        // Every sample above 0% (busy 100%), at 50% on average: the oracle on the 1B.
+        let rows: Vec<Row> = (0..10u64)
+            .map(|t| Row::Util {
+                t_us: t,
+                phase: "battery".into(),
+                pct: if t % 2 == 0 { 30 } else { 70 },
+                source: "buffer".into(),
+            })
+            .collect();
+        let s = summarize(&rows);
+        assert_eq!(
+            (s.busy_fraction, s.util_mean_pct, s.host_bound),
+            (Some(1.0), Some(50.0), Some(true))
+        );
+        assert!(
+            s.to_string()
+                .contains("; mean utilization 50.0% (host-bound: below 70%)"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn a_throttle_reasons_clock_is_taken_from_its_polls_without_gpu_idle() {
+        let poll = |t_us: u64, sm: u32, bits: u64| Row::Gpu {
+            t_us,
+            phase: "battery".into(),
+            sm_mhz: Some(sm),
+            mem_mhz: None,
+            power_mw: None,
+            temp_c: None,
+            throttle: Some(bits),
+            persistence: None,
+            used_bytes: None,
+            procs: None,
+        };
+        let s = summarize(&[
+            poll(1, 1980, 0),
+            poll(2, 1700, 0x4),
+            poll(3, 1755, 0x4),
+            poll(4, 300, 0x4 | 0x1),
+        ]);
+        let cap = s.throttle.iter().find(|t| t.name == "SwPowerCap").unwrap();
+        assert_eq!((cap.samples, cap.busy_polls), (3, 2));
+        assert_eq!(cap.sm_mhz_median, Some(1727.5));
+        assert_eq!(s.sm_mhz_max, Some(1980.0));
     }
 
     #[test]
