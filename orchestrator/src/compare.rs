@@ -6,6 +6,7 @@
 
 mod like;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::numbers::axes::{Axis, Better};
@@ -14,7 +15,8 @@ use crate::numbers::regress::{
     EXIT_OK, EXIT_REGRESSED,
 };
 use crate::record::archive::{self, RecordView, Rejected, SampleView, Stored, TimingsView};
-use crate::record::select::{differences, resolve, Spec};
+use crate::record::class::HostClass;
+use crate::record::select::{differences, resolve, resolve_by_class, Spec};
 
 fn side(s: &Stored) -> Side {
     Side {
@@ -218,6 +220,84 @@ pub fn compare_unit(
     out
 }
 
+/// The comparisons of one unit, and the sentences for its records that found no partner. Within
+/// each host class that both sides have, that class's base against its head; where no class has
+/// both, the unit's records as resolved over every class, which `compare_unit` refuses when
+/// their classes differ (unless allowed), as it refuses any other difference.
+struct Paired {
+    units: Vec<UnitComparison>,
+    base_only: Vec<String>,
+    head_only: Vec<String>,
+}
+
+type ByClass = BTreeMap<(String, HostClass), Stored>;
+
+fn pair_unit(
+    u: &str,
+    sides: [(&BTreeMap<String, Stored>, &ByClass, bool); 2],
+    t: &Thresholds,
+    allow_different_hosts: bool,
+) -> Paired {
+    let [(base, bc, base_one), (head, hc, head_one)] = sides;
+    let mut p = Paired {
+        units: vec![],
+        base_only: vec![],
+        head_only: vec![],
+    };
+    let of = |m: &ByClass| -> BTreeMap<HostClass, Stored> {
+        m.iter()
+            .filter(|((x, _), _)| x == u)
+            .map(|((_, c), s)| (c.clone(), s.clone()))
+            .collect()
+    };
+    let (b, h) = (of(bc), of(hc));
+    let shared: Vec<&HostClass> = b.keys().filter(|c| h.contains_key(*c)).collect();
+    if shared.is_empty() {
+        match (base.get(u), head.get(u)) {
+            (Some(b), Some(h)) => p.units.push(compare_unit(b, h, t, allow_different_hosts)),
+            (Some(b), None) if !head_one => p.base_only.push(format!(
+                "Unit {u} has a record in BASE ({}) and none in HEAD, so it is not compared.",
+                b.name
+            )),
+            (None, Some(h)) if !base_one => p.head_only.push(format!(
+                "Unit {u} has a record in HEAD ({}) and none in BASE, so it is not compared.",
+                h.name
+            )),
+            _ => {}
+        }
+        return p;
+    }
+    let classes: std::collections::BTreeSet<&HostClass> = b.keys().chain(h.keys()).collect();
+    for c in &shared {
+        let mut uc = compare_unit(&b[*c], &h[*c], t, allow_different_hosts);
+        if classes.len() > 1 {
+            uc.host = format!("{}, host {}", uc.host, c.host);
+            uc.notes.push(format!(
+                "Unit {u} has records from {} host classes; this is its comparison on {c}, and no verdict mixes two classes.",
+                classes.len()
+            ));
+        }
+        p.units.push(uc);
+    }
+    let alone = |c: &HostClass, with: &str, without: &str, s: &Stored| {
+        format!(
+            "Unit {u} on {c} has a record in {with} ({}) and none on that host class in {without}, so it is not compared there.",
+            s.name
+        )
+    };
+    if !head_one {
+        for (c, s) in b.iter().filter(|(c, _)| !h.contains_key(*c)) {
+            p.base_only.push(alone(c, "BASE", "HEAD", s));
+        }
+    }
+    if !base_one {
+        for (c, s) in h.iter().filter(|(c, _)| !b.contains_key(*c)) {
+            p.head_only.push(alone(c, "HEAD", "BASE", s));
+        }
+    }
+    p
+}
+
 pub fn compare(
     base_spec: &Spec,
     head_spec: &Spec,
@@ -227,31 +307,29 @@ pub fn compare(
 ) -> Result<Comparison, String> {
     let base = resolve(base_spec, records).map_err(|e| format!("BASE: {e}"))?;
     let head = resolve(head_spec, records).map_err(|e| format!("HEAD: {e}"))?;
-    let mut units = vec![];
-    let mut unpaired = vec![];
+    let (bc, hc) = (
+        resolve_by_class(base_spec, records, &base),
+        resolve_by_class(head_spec, records, &head),
+    );
     // A record file names one unit on purpose: the other side's other units are not news.
     let (base_one, head_one) = (
         matches!(base_spec, Spec::Path(_)),
         matches!(head_spec, Spec::Path(_)),
     );
-    for (u, b) in &base {
-        match head.get(u) {
-            Some(h) => units.push(compare_unit(b, h, t, allow_different_hosts)),
-            None if head_one => {}
-            None => unpaired.push(format!(
-                "Unit {u} has a record in BASE ({}) and none in HEAD, so it is not compared.",
-                b.name
-            )),
-        }
+    let names: std::collections::BTreeSet<&String> = base.keys().chain(head.keys()).collect();
+    let (mut units, mut base_only, mut head_only) = (vec![], vec![], vec![]);
+    for u in names {
+        let p = pair_unit(
+            u,
+            [(&base, &bc, base_one), (&head, &hc, head_one)],
+            t,
+            allow_different_hosts,
+        );
+        units.extend(p.units);
+        base_only.extend(p.base_only);
+        head_only.extend(p.head_only);
     }
-    for (u, h) in &head {
-        if !base_one && !base.contains_key(u) {
-            unpaired.push(format!(
-                "Unit {u} has a record in HEAD ({}) and none in BASE, so it is not compared.",
-                h.name
-            ));
-        }
-    }
+    let unpaired: Vec<String> = base_only.into_iter().chain(head_only).collect();
     if units.is_empty() {
         return Err(format!(
             "BASE ({base_spec}) and HEAD ({head_spec}) share no unit, so there is nothing to compare."

@@ -20,5 +20,6 @@ pub mod render;
 pub mod clock;
 pub mod compare;
 pub mod faults;
+pub mod fleet;
 pub mod report;
 pub mod run;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use orchestrator::clock::{self, Said};
 use orchestrator::compare;
+use orchestrator::fleet;
 use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
@@ -54,6 +55,10 @@ enum Cmd {
         /// Untimed warm-up passes, instead of the unit's [battery] warmup.
         #[arg(long)]
         warmup: Option<u32>,
+        /// Run a GPU unit on GPU N of this host: its engine's cuda:N, its lease, its sampler
+        /// (as `fleet` places units; docs/FLEET.md).
+        #[arg(long)]
+        gpu: Option<u32>,
     },
     /// Preflight alone: unit, prompts, model, goldens, engine binary, `python -m oracle check`.
     Check {
@@ -94,6 +99,11 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Many units at once, each one `run` on one GPU (or on the CPU): through Slurm (a job array
+    /// and a report job after it) or on this host's GPUs, one unit per free GPU (docs/FLEET.md).
+    /// Exit with --slurm: 0 printed or submitted, 2 refused; with --local: the worst of its
+    /// runs' statuses (0, 1, 2).
+    Fleet(FleetArgs),
     /// Runs CMD under the same lease as `run`; its exit status is passed through.
     Lease {
         /// GPU index to lease (default: GPU 0 if the machine has one, else the "cpu" lease).
@@ -135,6 +145,48 @@ enum FaultsCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// `orchestrator fleet`'s arguments.
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// goldens/<unit>/unit.toml, one or more.
+    #[arg(required = true)]
+    units: Vec<PathBuf>,
+    /// Print an sbatch script per job (a job array per kind of unit, then a report job).
+    #[arg(long, required_unless_present = "local", conflicts_with = "local")]
+    slurm: bool,
+    /// Run the units here, in parallel, one per free GPU of this host.
+    #[arg(long)]
+    local: bool,
+    /// Submit the jobs (sbatch --parsable) and print their ids, instead of printing the scripts.
+    #[arg(long, requires = "slurm")]
+    submit: bool,
+    #[arg(long, requires = "slurm")]
+    partition: Option<String>,
+    #[arg(long, requires = "slurm")]
+    account: Option<String>,
+    /// Each job's time limit, as sbatch takes it (1:00:00).
+    #[arg(long, requires = "slurm")]
+    time: Option<String>,
+    /// The shared records directory (default <project root>/reports/records).
+    #[arg(long)]
+    records_dir: Option<PathBuf>,
+    /// The report job's BENCHMARKS.md (default: beside the records directory).
+    #[arg(long, requires = "slurm")]
+    out: Option<PathBuf>,
+    /// Runs of each unit.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// The GPUs to place on, as 0,1,3 (default: every GPU NVML counts).
+    #[arg(long, requires = "local")]
+    gpus: Option<String>,
+    /// Lock directory for the leases (default each unit's [lease] lock_dir).
+    #[arg(long)]
+    lock_dir: Option<PathBuf>,
+    /// Interpreter for the oracle (default env LLM_BENCH_PYTHON, then [oracle] python).
+    #[arg(long)]
+    python: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -212,6 +264,23 @@ fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
             eprintln!("orchestrator: {e}");
             code(run::EXIT_ERROR)
         }
+    }
+}
+
+fn fleet_cmd(a: FleetArgs) -> fleet::FleetCmd {
+    fleet::FleetCmd {
+        units: a.units,
+        slurm: a.slurm,
+        submit: a.submit,
+        partition: a.partition,
+        account: a.account,
+        time: a.time,
+        records_dir: a.records_dir,
+        out: a.out,
+        repeat: a.repeat,
+        gpus: a.gpus,
+        lock_dir: a.lock_dir,
+        python: a.python,
     }
 }
 
@@ -316,6 +385,7 @@ fn main() -> ExitCode {
             legs,
             repeat,
             warmup,
+            gpu,
         } => run_cmd(
             &unit,
             &RunOptions {
@@ -327,8 +397,10 @@ fn main() -> ExitCode {
                 legs,
                 repeat,
                 warmup,
+                gpu,
             },
         ),
+        Cmd::Fleet(a) => code(fleet::command(&fleet_cmd(a))),
         Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),
         Cmd::Report { records_dir, out } => report_cmd(
             &records_dir.unwrap_or_else(|| reports_path("records")),

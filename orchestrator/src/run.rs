@@ -8,11 +8,12 @@ use std::time::SystemTime;
 use crate::gates::{self, GateInput, GateResult};
 use crate::legs::lease::IdleCheck;
 use crate::legs::pair::{self, LeaseOptions, LegOptions, Pair};
+use crate::legs::placement;
 use crate::legs::LegRecord;
 use crate::numbers::axes::axes;
 use crate::numbers::explain::clock_explain;
 use crate::numbers::timing::Timings;
-use crate::record::write::{choose_stem, relative, write_new_atomic};
+use crate::record::write::{choose_stem, relative, write_new_atomic, StemClaim};
 use crate::record::{Findings, LegTimings, ProjectInfo, Record};
 use crate::render;
 use crate::unit::preflight::{self, Checked};
@@ -34,6 +35,8 @@ pub struct RunOptions {
     /// configuration holds the values that ran.
     pub repeat: Option<u32>,
     pub warmup: Option<u32>,
+    /// Puts a GPU unit on this GPU of the host (legs/placement.rs).
+    pub gpu: Option<u32>,
 }
 
 pub const EXIT_PASS: i32 = 0;
@@ -69,6 +72,9 @@ pub fn run(unit_path: &Path, opts: &RunOptions) -> Result<Outcome, String> {
     }
     battery.repeat = opts.repeat.unwrap_or(battery.repeat);
     battery.warmup = opts.warmup.unwrap_or(battery.warmup);
+    if let Some(n) = opts.gpu {
+        placement::place_on_gpu(&mut checked.unit.config, n).map_err(|e| e.to_string())?;
+    }
     let idle = gates::idle::GpuIdleCheck::nvml(checked.unit.config.lease.idle_max_used_mib);
     run_checked(&checked, opts, &idle)
 }
@@ -93,6 +99,7 @@ pub fn run_checked(
         )
     })?;
     let stem = choose_stem(&dir, &utc_stamp(SystemTime::now()), &project.tree);
+    let _claim = StemClaim(stem.clone());
     let lock_dir = opts.lock_dir.as_ref().unwrap_or(&cfg.lease.lock_dir);
     let lease = LeaseOptions {
         lock_dir,

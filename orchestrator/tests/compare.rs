@@ -421,3 +421,95 @@ fn an_engine_clock_that_moved_leaves_our_figures_unjudged_and_the_ratio_judged()
         );
     }
 }
+
+/// A fleet's records: the unit ran both trees on two kinds of GPU, the A100 twice as slow for
+/// both legs. Each class is compared with itself (the H200's head is 10% slower, the A100's is
+/// not), never across: a mixed pair would call everything on the A100 SLOWER.
+#[test]
+fn records_from_two_host_classes_are_compared_within_each_class() {
+    let d = tempfile::tempdir().unwrap();
+    let write = |tree: &str, day: u32, gpu: &str, scale: f64, slower: bool| {
+        let mut s = Synth::new("u", tree, &format!("2026-11-0{day}T00:00:00Z"));
+        s.noise = 0.01;
+        s.gpu = gpu.into();
+        s.machine_scale = scale;
+        if slower {
+            s.seed = 2;
+            s.engine_scale = 1.10;
+        }
+        s.write(d.path());
+    };
+    const A100: &str = "NVIDIA A100-SXM4-80GB";
+    write(BASE_TREE, 1, "NVIDIA H200", 1.0, false);
+    write(BASE_TREE, 2, A100, 2.0, false);
+    write(HEAD_TREE, 3, "NVIDIA H200", 1.0, true);
+    write(HEAD_TREE, 4, A100, 2.0, false);
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let units = v["units"].as_array().unwrap();
+    assert_eq!(units.len(), 2, "{v}");
+    let on = |gpu: &str| {
+        units
+            .iter()
+            .find(|u| {
+                u["host"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("GPU {gpu},"))
+            })
+            .unwrap()
+    };
+    let (h200, a100) = (on("NVIDIA H200"), on(A100));
+    for (u, base_day, head_day) in [(h200, "01", "03"), (a100, "02", "04")] {
+        assert!(u["refused"].is_null(), "{u}");
+        assert_eq!(
+            u["base"]["created_utc"],
+            format!("2026-11-{base_day}T00:00:00Z")
+        );
+        assert_eq!(
+            u["head"]["created_utc"],
+            format!("2026-11-{head_day}T00:00:00Z")
+        );
+        assert!(
+            u["host"]
+                .as_str()
+                .unwrap()
+                .ends_with(", host x86 (16 cores)"),
+            "{u}"
+        );
+        assert!(
+            u["notes"].as_array().unwrap().iter().any(|n| n
+                .as_str()
+                .unwrap()
+                .contains("has records from 2 host classes")),
+            "{u}"
+        );
+    }
+    let ours = |u: &Value| -> Vec<String> {
+        u["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["measure"] == "ours")
+            .map(|r| r["verdict"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(ours(h200).iter().all(|x| x == "SLOWER"), "{h200}");
+    assert!(!ours(a100).iter().any(|x| x == "SLOWER"), "{a100}");
+    assert!(v["unpaired"].as_array().unwrap().is_empty(), "{v}");
+
+    // The A100 has not run the head tree yet: the H200 is compared; the A100's latest record,
+    // of the base tree, has no base of its own class and is said so, not paired across.
+    std::fs::remove_file(d.path().join("u/20261104T000000Z-bbbbbbbb.json")).unwrap();
+    let (o, v) = compare(d.path(), "previous", "latest", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(v["units"].as_array().unwrap().len(), 1, "{v}");
+    assert!(v["units"][0]["host"]
+        .as_str()
+        .unwrap()
+        .starts_with("GPU NVIDIA H200,"));
+    assert_eq!(
+        v["unpaired"][0],
+        "Unit u on NVIDIA A100-SXM4-80GB, driver 580.65.06, host x86 (16 cores) has a record in HEAD (u/20261102T000000Z-aaaaaaaa.json) and none on that host class in BASE, so it is not compared there."
+    );
+}

@@ -16,7 +16,7 @@ const STAGES: &[&[&str]] = &[
     &["numbers"],
     &["record"],
     &["render"],
-    &["run", "report", "compare", "clock", "faults"],
+    &["run", "report", "compare", "clock", "faults", "fleet"],
 ];
 
 const MAX_FILE_LINES: usize = 600;

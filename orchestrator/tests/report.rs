@@ -217,3 +217,88 @@ fn write_fixture_records(root: &Path) {
     )
     .unwrap();
 }
+
+/// A unit's records from two GPUs (a fleet's): each class under its own heading, with its own
+/// latest run, history and chart, and the header says so. A unit of one class is as before.
+#[test]
+fn records_from_two_host_classes_are_never_mixed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recs = tmp.path().join("records");
+    let trees = ["aaaaaaaa", "bbbbbbbb", "cccccccc"];
+    for (i, t) in trees.iter().enumerate() {
+        for (gpu, day) in [("NVIDIA H200", 1), ("NVIDIA A100-SXM4-80GB", 4)] {
+            let mut s = Synth::new("u", t, &format!("2026-11-0{}T10:00:00Z", day + i));
+            s.gpu = gpu.into();
+            // The A100 is slower for both legs: its ratio is its own.
+            s.machine_scale = if day == 4 { 2.0 } else { 1.0 };
+            s.write(&recs);
+        }
+    }
+    Synth::new("v", "aaaaaaaa", "2026-11-01T11:00:00Z").write(&recs);
+    let out = tmp.path().join("BENCHMARKS.md");
+    let o = Command::new(BIN)
+        .arg("report")
+        .arg("--records-dir")
+        .arg(&recs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        md.contains("Records come from more than one host class (GPU, driver, host CPU)"),
+        "{md}"
+    );
+    let u = &md[md.find("## u\n").unwrap()..md.find("## v\n").unwrap()];
+    assert!(
+        u.contains("The records of u come from 2 host classes"),
+        "{u}"
+    );
+    let a100 = "### u on NVIDIA A100-SXM4-80GB, driver 580.65.06, host x86 (16 cores)";
+    let h200 = "### u on NVIDIA H200, driver 580.65.06, host x86 (16 cores)";
+    let (ia, ih) = (u.find(a100).unwrap(), u.find(h200).unwrap());
+    assert!(ia < ih, "classes in sorted order: {u}");
+    let (sa, sh) = (&u[ia..ih], &u[ih..]);
+    // Each class's latest run is its own latest record, and its history holds its own records.
+    assert!(
+        sa.contains("Latest run: record `u/20261106T100000Z-cccccccc.json`"),
+        "{sa}"
+    );
+    assert!(
+        sh.contains("Latest run: record `u/20261103T100000Z-cccccccc.json`"),
+        "{sh}"
+    );
+    for s in [sa, sh] {
+        assert_eq!(s.matches("#### History").count(), 1, "{s}");
+        let h = &s[s.find("#### History").unwrap()..];
+        let rows = h.lines().filter(|l| l.starts_with("| `")).count();
+        assert_eq!(rows, 3, "three trees, one row each: {h}");
+    }
+    assert!(
+        sh.contains("| `aaaaaaaa` | `aaaaaaaa` | 2026-11-01T10:00:00Z |"),
+        "{sh}"
+    );
+    assert!(!sa.contains("2026-11-01T10:00:00Z"), "{sa}");
+    for (s, slug) in [
+        (sa, "nvidia-a100-sxm4-80gb-580.65.06-x86-16-cores"),
+        (sh, "nvidia-h200-580.65.06-x86-16-cores"),
+    ] {
+        let file = format!("charts/u.{slug}.svg");
+        assert!(s.contains(&format!("]({file})")), "{s}");
+        assert!(tmp.path().join(&file).exists(), "{file}");
+    }
+    assert!(!tmp.path().join("charts/u.svg").exists());
+    // One class: the section is as it always was.
+    let v = &md[md.find("## v\n").unwrap()..];
+    assert!(v.starts_with("## v\n\nLatest run: record `v/"), "{v}");
+    assert!(
+        v.contains("### History") && !v.contains(" on NVIDIA"),
+        "{v}"
+    );
+}

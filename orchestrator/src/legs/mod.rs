@@ -6,6 +6,7 @@ pub mod host_probe;
 pub mod lease;
 pub mod leg;
 pub mod pair;
+pub mod placement;
 mod process;
 pub mod progress;
 pub mod protocol;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::legs::host_probe;
 use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::legs::leg::LegRun;
+use crate::legs::placement::{self, Neighbour, Neighbours, Watch};
 use crate::legs::protocol::{blocks_for, Kv};
 use crate::legs::record::{LegFailure, LegName, LegRecord};
 use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec, Resize};
@@ -30,6 +31,8 @@ pub struct Pair {
     /// The lease held: its target and lock file.
     pub lease: LeaseTarget,
     pub lease_path: PathBuf,
+    /// The host's other GPUs as watched while the lease was held (placement.rs).
+    pub neighbours: Vec<Neighbour>,
 }
 
 /// How the lease is taken.
@@ -97,14 +100,27 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let watch = Neighbours::start(
+        Watch {
+            lock_dir: lease.lock_dir.to_path_buf(),
+            gpus: placement::host_gpus().map_err(|e| e.to_string())?,
+            open: crate::legs::sampler::nvml::open,
+            period: std::time::Duration::from_secs(1),
+        },
+        match held.target {
+            LeaseTarget::Gpu(n) => Some(n),
+            LeaseTarget::Cpu => None,
+        },
+    );
     let legs = rt.block_on(async {
         tokio::select! {
             legs = ctx.legs() => Ok(legs),
             sig = interrupted() => Err(sig),
         }
     });
+    let neighbours = watch.finish();
     drop(held);
-    legs.map_err(|sig| {
+    legs.map(|p| Pair { neighbours, ..p }).map_err(|sig| {
         let killed = watchdog::kill_live_groups();
         format!(
             "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
@@ -288,6 +304,7 @@ impl Ctx<'_> {
             idle_checks: notes,
             lease: self.lease.target.clone(),
             lease_path: self.lease.path.clone(),
+            neighbours: vec![],
         }
     }
 }

@@ -79,6 +79,8 @@ pub struct HostView {
     pub hostname: String,
     #[serde(default)]
     pub cpu_model: String,
+    #[serde(default)]
+    pub cores: Option<u64>,
     /// Filled by the NVML sampler (issue 5); read by key name so its exact shape may evolve.
     #[serde(default)]
     pub gpu: Value,
@@ -349,6 +351,18 @@ impl RecordView {
         str_at(&self.host.gpu, &["driver", "driver_version"])
             .unwrap_or("none")
             .to_string()
+    }
+    /// "Xeon (16 cores)": the host's CPU, as its class counts it (record/class.rs).
+    pub fn host_cpu(&self) -> String {
+        let model = if self.host.cpu_model.is_empty() {
+            "unrecorded"
+        } else {
+            &self.host.cpu_model
+        };
+        match self.host.cores {
+            Some(n) => format!("{model} ({n} cores)"),
+            None => model.to_string(),
+        }
     }
     /// The oracle's backend as the leg reported it, else as the unit asked for it.
     pub fn oracle_name(&self) -> String {

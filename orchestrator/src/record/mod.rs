@@ -2,6 +2,7 @@
 //! rewritten. docs/RECORD.md documents every field.
 
 pub mod archive;
+pub mod class;
 pub mod legstate;
 mod provenance;
 pub mod select;
@@ -103,6 +104,10 @@ pub struct LeaseInfo {
     pub target: String,
     pub path: PathBuf,
     pub idle_checks: Vec<String>,
+    /// The host's other GPUs, watched while the lease was held: which were busy beside this run
+    /// (their lease held, or a compute process on them). Absent where the host had no other GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<crate::legs::placement::Neighbour>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +168,7 @@ impl Record {
                 target: pair.lease.name(),
                 path: pair.lease_path.clone(),
                 idle_checks: pair.idle_checks.clone(),
+                neighbours: pair.neighbours.clone(),
             },
             legs: Legs {
                 engine: beside_record(&pair.engine, dir),

@@ -1,5 +1,6 @@
-//! Which records a side of `compare` names (a file, a tree prefix, `latest`, `previous`), and
-//! whether two records are like-for-like (same GPU, driver, oracle and unit configuration).
+//! Which records a side of `compare` names (a file, a tree prefix, `latest`, `previous`), within
+//! each host class too (record/class.rs), and whether two records are like-for-like (same GPU,
+//! driver, host CPU, oracle and unit configuration).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -7,6 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::record::archive::{self, RecordView, Stored};
+use crate::record::class::HostClass;
 
 /// Which records a side of the comparison names.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +112,38 @@ pub fn resolve(spec: &Spec, records: &[Stored]) -> Result<BTreeMap<String, Store
     Ok(out)
 }
 
+/// The records `spec` names within each host class, by (unit, class): `latest`, `previous` and a
+/// tree prefix are resolved among one class's records at a time, so that a class's base and head
+/// are both its own. A record file is its own class. `named` is [`resolve`]'s answer for `spec`
+/// over every record (it holds the file's record for a record file).
+pub fn resolve_by_class(
+    spec: &Spec,
+    records: &[Stored],
+    named: &BTreeMap<String, Stored>,
+) -> BTreeMap<(String, HostClass), Stored> {
+    let mut out = BTreeMap::new();
+    if let Spec::Path(_) = spec {
+        for (u, s) in named {
+            out.insert((u.clone(), HostClass::of(&s.rec)), s.clone());
+        }
+        return out;
+    }
+    let mut classes: BTreeMap<HostClass, Vec<Stored>> = BTreeMap::new();
+    for r in records {
+        classes
+            .entry(HostClass::of(&r.rec))
+            .or_default()
+            .push(r.clone());
+    }
+    for (c, rs) in classes {
+        // A class where the spec names nothing (no previous tree there) simply has no record.
+        for (u, s) in resolve(spec, &rs).unwrap_or_default() {
+            out.insert((u, c.clone()), s);
+        }
+    }
+    out
+}
+
 /// `path.to.key` -> value, for naming the keys in which two unit configurations differ.
 fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
     match v {
@@ -159,6 +193,7 @@ pub fn differences(base: &RecordView, head: &RecordView) -> Vec<String> {
     };
     pair("GPU", base.device_name(), head.device_name());
     pair("driver", base.driver(), head.driver());
+    pair("host CPU", base.host_cpu(), head.host_cpu());
     pair("oracle", base.oracle_name(), head.oracle_name());
     let (vb, vh) = (base.oracle_versions(), head.oracle_versions());
     let keys: std::collections::BTreeSet<&String> = vb.keys().chain(vh.keys()).collect();
@@ -169,6 +204,15 @@ pub fn differences(base: &RecordView, head: &RecordView) -> Vec<String> {
     let (mut cb, mut ch) = (BTreeMap::new(), BTreeMap::new());
     flatten("", &base.unit.config, &mut cb);
     flatten("", &head.unit.config, &mut ch);
+    // Which GPU of a host ran it (`cuda:3`, where `fleet` placed it) is placement, not
+    // configuration: the GPU itself is compared above.
+    for m in [&mut cb, &mut ch] {
+        for k in ["engine.device", "oracle.device"] {
+            if let Some(Value::String(d)) = m.get_mut(k) {
+                *d = crate::unit::device_kind(d).to_string();
+            }
+        }
+    }
     let keys: std::collections::BTreeSet<&String> = cb.keys().chain(ch.keys()).collect();
     for k in keys {
         if CONFIG_KEYS_IGNORED
@@ -264,6 +308,28 @@ mod tests {
             vec![
                 "GPU (base H200, head no GPU (CPU: ))".to_string(),
                 "driver (base 580, head none)".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn the_gpu_index_is_placement_and_the_host_cpu_a_difference() {
+        let a: RecordView = archive::parse(
+            r#"{"schema": 1, "unit": {"name": "u", "config": {"engine": {"device": "cuda:0"}, "oracle": {"device": "cuda"}}},
+                "project": {"tree": "t"}, "axes": [], "host": {"cpu_model": "Xeon", "cores": 16}}"#,
+        )
+        .unwrap();
+        let mut b = a.clone();
+        b.unit.config["engine"]["device"] = "cuda:3".into();
+        b.unit.config["oracle"]["device"] = "cuda:3".into();
+        assert_eq!(differences(&a, &b), Vec::<String>::new());
+        b.unit.config["engine"]["device"] = "cpu".into();
+        b.host.cores = Some(64);
+        assert_eq!(
+            differences(&a, &b),
+            vec![
+                "host CPU (base Xeon (16 cores), head Xeon (64 cores))".to_string(),
+                "unit configuration key engine.device (base cuda, head cpu)".to_string()
             ]
         );
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::numbers::axes::{per_token_ratio, Axis};
 use crate::numbers::noise::{self, LegNoise};
 use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
+use crate::record::class;
 use crate::render::chart;
 use crate::render::run::{leg_suffix, verdict_tag, Format};
 use crate::render::table::{self, esc, ratio_cells, RATIO_HEADER};
@@ -185,7 +186,9 @@ fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a Axis, f64, bool)> {
     Some((a, a.ratio?, rec.gated(a, false)))
 }
 
-fn history(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>) {
+/// The history table and, from three trees on, the chart `<file>.svg` titled by `name` (the
+/// unit, or the unit on its host class).
+fn history(name: &str, file: &str, records: &[&Stored]) -> (String, Option<(String, String)>) {
     let trees = per_tree(records);
     let mut keys: Vec<String> = vec![];
     for t in &trees {
@@ -254,11 +257,11 @@ fn history(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>
             })
             .collect();
         if let Some(svg) =
-            chart::ratio_history(&format!("{unit}: ratio ours/oracle"), &names, &series)
+            chart::ratio_history(&format!("{name}: ratio ours/oracle"), &names, &series)
         {
-            let file = format!("{unit}.svg");
+            let file = format!("{file}.svg");
             s.push_str(&format!(
-                "\n![{unit}: ratio history of the speed axes, hollow points refused]({CHARTS_DIR}/{file})\n"
+                "\n![{name}: ratio history of the speed axes, hollow points refused]({CHARTS_DIR}/{file})\n"
             ));
             chart = Some((file, svg));
         }
@@ -266,11 +269,18 @@ fn history(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>
     (s, chart)
 }
 
-fn unit_section(unit: &str, records: &[&Stored]) -> (String, Option<(String, String)>) {
+/// One unit's records of one host class: the latest run and the history (`#` marks the
+/// history's heading level), the chart as `<file>.svg` titled by `name`.
+fn class_body(
+    name: &str,
+    file: &str,
+    hashes: &str,
+    records: &[&Stored],
+) -> (String, Option<(String, String)>) {
     let latest = records.last().expect("a unit has at least one record");
     let r = &latest.rec;
     let gpu = r.device_name();
-    let mut s = format!("## {unit}\n\n");
+    let mut s = String::new();
     s.push_str(&format!(
         "Latest run: record `{}`, written {}, tree `{}`{}, commit `{}`. Oracle: {}. GPU: {}, driver {}. Host: {}.\n\n",
         latest.name,
@@ -303,11 +313,37 @@ fn unit_section(unit: &str, records: &[&Stored]) -> (String, Option<(String, Str
     }
     s.push('\n');
     s.push_str(&judged(r));
-    s.push_str("### History\n\n");
-    let (h, chart) = history(unit, records);
+    s.push_str(&format!("{hashes} History\n\n"));
+    let (h, chart) = history(name, file, records);
     s.push_str(&h);
     s.push('\n');
     (s, chart)
+}
+
+/// A unit's section: its records as one class, or, when they come from several host classes,
+/// each class under its own heading with its own latest run, history and chart (`<unit>.<class
+/// slug>.svg`), so that no table, history or chart mixes two classes.
+fn unit_section(unit: &str, records: &[&Stored]) -> (String, Vec<(String, String)>) {
+    let classes = class::by_class(records);
+    let mut s = format!("## {unit}\n\n");
+    if classes.len() == 1 {
+        let (b, c) = class_body(unit, unit, "###", records);
+        s.push_str(&b);
+        return (s, c.into_iter().collect());
+    }
+    s.push_str(&format!(
+        "The records of {unit} come from {} host classes (GPU, driver, host CPU). Each class has its own latest run, history and chart below; none of them mixes two classes.\n\n",
+        classes.len()
+    ));
+    let mut charts = vec![];
+    for (c, rs) in &classes {
+        s.push_str(&format!("### {unit} on {}\n\n", esc(&c.to_string())));
+        let name = format!("{unit} on {c}");
+        let (b, chart) = class_body(&name, &format!("{unit}.{}", c.slug()), "####", rs);
+        s.push_str(&b);
+        charts.extend(chart);
+    }
+    (s, charts)
 }
 
 /// BENCHMARKS.md and its charts from `records` (as `archive::load_dir` orders them).
@@ -323,6 +359,9 @@ pub fn render(records: &[Stored], rejected: &[Rejected]) -> Rendered {
             "Units: {}.\n\n",
             groups.keys().cloned().collect::<Vec<_>>().join(", ")
         ));
+    }
+    if groups.values().any(|rs| class::by_class(rs).len() > 1) {
+        md.push_str("Records come from more than one host class (GPU, driver, host CPU): a unit whose records do is shown class by class, and no table, history, chart or comparison mixes two classes.\n\n");
     }
     let mut charts = vec![];
     for (unit, rs) in &groups {

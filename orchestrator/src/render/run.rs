@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use crate::gates::GateResult;
+use crate::legs::placement;
 use crate::legs::LegRecord;
 use crate::numbers::axes::per_token_ratio;
 use crate::numbers::noise::{self, LegNoise};
@@ -140,6 +141,9 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     for l in &rec.lease.idle_checks {
         line(format!("idle: {l}"));
     }
+    if let Some(o) = placement::summary(&rec.lease.neighbours) {
+        line(format!("other GPUs: {o}"));
+    }
     if !rec.refusals.is_empty() {
         line(format!("\nRefusals ({}):", rec.refusals.len()));
         rec.refusals.iter().for_each(|r| line(format!("- {r}")));
@@ -196,6 +200,12 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
     }
     for l in &rec.lease.idle_checks {
         item(&mut s, &l.replace('\n', " "));
+    }
+    if let Some(o) = placement::summary(&rec.lease.neighbours) {
+        item(
+            &mut s,
+            &format!("other GPUs of the host during the run: {o}"),
+        );
     }
     s.push_str("\n## Gates\n\n");
     for g in &rec.gates {
