@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::archive::{self, AxisView, RecordView, SampleView, Stored, TimingsView};
-use crate::stats;
-use crate::table::{fmt_num, md_head, md_row};
+use crate::numbers::stats;
+use crate::record::archive::{self, AxisView, RecordView, SampleView, Stored, TimingsView};
+use crate::render::table::{md_head, md_row};
+use crate::util::fmt::fmt_num;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_REGRESSED: i32 = 1;
@@ -514,8 +515,8 @@ fn judge(
         better: m.better.into(),
         n_base: base.len(),
         n_head: head.len(),
-        base_median: crate::timing::median(base),
-        head_median: crate::timing::median(head),
+        base_median: ::stats::median(base),
+        head_median: ::stats::median(head),
         change: est.map(|e| e.0),
         interval: est.map(|e| [e.1, e.2]),
         u: mw.map(|m| m.u),

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use orchestrator::compare::{self, Spec, Thresholds};
 use orchestrator::gates::clock::{self, ClockCfg};
 use orchestrator::gates::idle::GpuIdleCheck;
-use orchestrator::lease::{self, LeaseTarget};
-use orchestrator::preflight;
+use orchestrator::legs::lease::{self, LeaseTarget};
+use orchestrator::legs::sampler;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
-use orchestrator::sampler;
+use orchestrator::unit::preflight;
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -140,7 +140,7 @@ enum Format {
 /// reports/<leaf> under the project root holding the working directory (else under it).
 fn reports_path(leaf: &str) -> PathBuf {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    orchestrator::record::project_root(&cwd)
+    orchestrator::util::git::project_root(&cwd)
         .unwrap_or(cwd)
         .join("reports")
         .join(leaf)
@@ -225,7 +225,7 @@ fn main() -> ExitCode {
             let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
                 Ok((vec![], vec![]))
             } else {
-                orchestrator::archive::load_dir(&records)
+                orchestrator::record::archive::load_dir(&records)
             };
             let result = loaded.and_then(|(recs, rejected)| {
                 for r in &rejected {

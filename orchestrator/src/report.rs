@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::archive::{self, AxisView, RecordView, Rejected, Stored, TimingsView};
-use crate::chart;
-use crate::noise::{self, LegNoise};
-use crate::table::fmt_num;
+use crate::numbers::noise::{self, LegNoise};
+use crate::record::archive::{self, AxisView, RecordView, Rejected, Stored, TimingsView};
+use crate::render::chart;
+use crate::render::table::{self, esc, RatioRow, RATIO_HEADER};
+use crate::util::fmt::{and_list, fmt_num};
 
 /// The Markdown, and each chart as (file name under the charts directory, SVG).
 pub struct Rendered {
@@ -20,21 +21,6 @@ pub struct Rendered {
 /// The charts directory, relative to BENCHMARKS.md.
 pub const CHARTS_DIR: &str = "charts";
 
-fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
-    match x {
-        Some(x) => format!(
-            "{} {unit}{}",
-            fmt_num(x),
-            if refused { " (refused)" } else { "" }
-        ),
-        None => "-".into(),
-    }
-}
-
-fn esc(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
-}
-
 /// "per output token, warm (median, n=15)" -> "per output token, warm": the history's column
 /// must not split when a later run has a different sample count.
 fn axis_key(name: &str) -> &str {
@@ -44,36 +30,17 @@ fn axis_key(name: &str) -> &str {
     }
 }
 
-fn and_list(v: &[String]) -> String {
-    match v.len() {
-        0 => String::new(),
-        1 => v[0].clone(),
-        n => format!("{} and {}", v[..n - 1].join(", "), v[n - 1]),
-    }
-}
-
 fn latest_table(rec: &RecordView) -> String {
-    let mut s = String::from("| axis | ours | oracle | ratio (ours/oracle) | in words |\n| --- | --- | --- | --- | --- |\n");
-    for a in &rec.axes {
-        let mut words = a.words.clone();
-        if let Some(n) = &a.note {
-            words = format!("{words}; {n}");
-        }
-        if !rec.gated(a, false) && a.ratio.is_some() {
-            words = format!("{words} (not gated)");
-        }
-        s.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
-            esc(&a.axis),
-            esc(&cell(a.ours, &a.unit, a.ours_refused)),
-            esc(&cell(a.oracle, &a.unit, a.oracle_refused)),
-            a.ratio
-                .map(|r| format!("{}x", fmt_num(r)))
-                .unwrap_or_else(|| "-".into()),
-            esc(&words)
-        ));
-    }
-    s
+    table::markdown(
+        RATIO_HEADER,
+        rec.axes.iter().map(|a| {
+            let mut row = RatioRow::from(a);
+            if !rec.gated(a, false) && a.ratio.is_some() {
+                row.words = format!("{} (not gated)", row.words);
+            }
+            row.cells()
+        }),
+    )
 }
 
 /// Each refusal as a sentence, led by a sentence naming the rows it concerns.

@@ -8,18 +8,19 @@ use std::time::SystemTime;
 use crate::gates::clock;
 use crate::gates::idle::GpuIdleCheck;
 use crate::gates::{self, kv, GateInput};
-use crate::lease::{IdleCheck, Lease, LeaseTarget};
-use crate::leg::{BatteryPlan, LegFailure, LegName, LegRecord, LegRun, LegSpec};
-use crate::noise::{self, LegNoise};
-use crate::preflight::{self, Checked};
+use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
+use crate::legs::leg::{BatteryPlan, LegFailure, LegName, LegRecord, LegRun, LegSpec};
+use crate::legs::sampler::SamplerSpec;
+use crate::legs::watchdog::Phase;
+use crate::numbers::axes as table;
+use crate::numbers::noise::{self, LegNoise};
+use crate::numbers::timing::Timings;
 use crate::record::{
     self, BinaryInfo, HostInfo, LeaseInfo, LegTimings, Legs, ProjectInfo, Record, UnitInfo,
 };
-use crate::sampler::SamplerSpec;
-use crate::table;
-use crate::timing::Timings;
+use crate::render::table as render_table;
+use crate::unit::preflight::{self, Checked};
 use crate::unit::{KvMatch, OracleBackend, Unit};
-use crate::watchdog::Phase;
 
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -213,7 +214,7 @@ impl Ctx<'_> {
     async fn resizable_leg(
         &self,
         leg: LegName,
-        target: Option<&crate::protocol::Kv>,
+        target: Option<&crate::legs::protocol::Kv>,
         notes: &mut Vec<String>,
     ) -> (LegRecord, Option<String>) {
         let spec = self.spec(leg, None, "");
@@ -348,7 +349,7 @@ pub fn run_checked(
         )
     })?;
     let created = SystemTime::now();
-    let stem = record::choose_stem(&dir, &record::utc_stamp(created), &project.tree);
+    let stem = record::choose_stem(&dir, &crate::util::time::utc_stamp(created), &project.tree);
 
     let lock_dir = opts
         .lock_dir
@@ -398,7 +399,7 @@ pub fn run_checked(
     });
     drop(lease);
     let legs = legs.map_err(|sig| {
-        let killed = crate::watchdog::kill_live_groups();
+        let killed = crate::legs::watchdog::kill_live_groups();
         format!(
             "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
         )
@@ -437,7 +438,7 @@ pub fn run_checked(
     let root = &checked.project_root;
     let rec = Record {
         schema: record::SCHEMA,
-        created_utc: record::utc_now_iso(),
+        created_utc: crate::util::time::utc_now_iso(),
         orchestrator_version: env!("CARGO_PKG_VERSION").into(),
         command: std::env::args().collect(),
         unit: UnitInfo {
@@ -482,7 +483,7 @@ pub fn run_checked(
     // The picture goes beside the record; the record names it, so it is drawn first.
     let svg_path = PathBuf::from(format!("{}.timeline.svg", stem.display()));
     let mut rec = rec;
-    match crate::timeline::write(&svg_path, &[&legs.engine, &legs.oracle], &refusals) {
+    match crate::render::timeline::write(&svg_path, &[&legs.engine, &legs.oracle], &refusals) {
         Ok(()) => rec.timeline = Some(relative(&svg_path, &dir)),
         Err(e) => eprintln!(
             "orchestrator: cannot draw the timeline {} ({e}); the record is written without it",
@@ -508,7 +509,7 @@ pub fn run_checked(
         },
         cfg.oracle.backend.as_str()
     );
-    println!("{}", table::render_terminal(&axes));
+    println!("{}", render_table::ratio_terminal(&axes));
     for g in &verdicts {
         let tag = match g.verdict {
             gates::Verdict::Pass { .. } => "pass",
@@ -636,7 +637,7 @@ fn markdown(rec: &Record, json_path: &Path) -> String {
         rec.host.cores,
         json_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     );
-    s.push_str(&table::render_markdown(&rec.axes));
+    s.push_str(&render_table::ratio_markdown(&rec.axes));
     if let Some(t) = &rec.timeline {
         let name = t
             .file_name()

@@ -254,8 +254,8 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
     assert!(md.contains("## Idle checks (before each leg)"), "{md}");
 }
 
-fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::sampler::Gpu>, String> {
-    use orchestrator::sampler::{FakeGpu, GpuProc, GpuState};
+fn busy_gpu(_: u32) -> Result<Box<dyn orchestrator::legs::sampler::Gpu>, String> {
+    use orchestrator::legs::sampler::{FakeGpu, GpuProc, GpuState};
     Ok(Box::new(FakeGpu {
         states: vec![GpuState {
             used_bytes: Some(23_000 << 20),
@@ -275,7 +275,7 @@ fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
     // GPU 7 is leased: no machine this runs on has it, so the sampler says "no GPU" while the
     // idle check sees the fake's process table.
     let f = Fixture::new("", "", "[lease]\ngpu = 7\n");
-    let (_, checked) = orchestrator::preflight::preflight(
+    let (_, checked) = orchestrator::unit::preflight::preflight(
         &f.path("unit.toml"),
         Some(f.path("python.sh").to_str().unwrap()),
         false,

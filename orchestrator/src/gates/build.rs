@@ -1,7 +1,7 @@
 //! The build gate: the engine must run on the backend the unit asked for, with nothing degraded.
 
 use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::leg::LegName;
+use crate::legs::leg::LegName;
 use crate::unit::device_kind;
 
 pub struct BuildGate;

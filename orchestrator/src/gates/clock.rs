@@ -10,8 +10,8 @@ use std::fmt;
 use std::path::Path;
 
 use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::leg::LegName;
-use crate::sampler::{self, GpuSummary, Row};
+use crate::legs::leg::LegName;
+use crate::legs::sampler::{self, GpuSummary, Row};
 use crate::unit::GatesCfg;
 
 /// The gate's thresholds ([gates] clock_* in the unit; defaults from DESIGN.md).
@@ -500,7 +500,7 @@ pub fn compare_command(a: &Path, b: &Path, cfg: &ClockCfg) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::summary::summarize;
+    use crate::legs::sampler::summary::summarize;
 
     const BOOT: &str = "1c2d";
 

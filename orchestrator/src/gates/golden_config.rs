@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 
 use super::{token, ConfigDiff, Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::leg::{LegName, LegRecord};
+use crate::legs::leg::{LegName, LegRecord};
 use crate::unit::Golden;
 
 /// Numbers compare by value (1 equals 1.0); everything else structurally.

@@ -1,13 +1,13 @@
 //! The idle gate: before each leg, the leased GPU must have no compute process on it and little
 //! memory in use, or the leg does not start (someone else's kernels would be timed with ours).
-//! It runs through [`crate::lease::IdleCheck`]; the GPU is reached through the
-//! [`crate::sampler::Gpu`] trait, so tests play the process table.
+//! It runs through [`crate::legs::lease::IdleCheck`]; the GPU is reached through the
+//! [`crate::legs::sampler::Gpu`] trait, so tests play the process table.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::lease::{IdleCheck, Lease, LeaseTarget};
-use crate::sampler::{self, Gpu, GpuProc};
+use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
+use crate::legs::sampler::{self, Gpu, GpuProc};
 
 /// A process on the GPU, as the refusal names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,13 +74,6 @@ impl fmt::Display for IdleRefusal {
             ),
         }
     }
-}
-
-/// The process's short name (/proc/PID/comm); "?" for one this namespace cannot see.
-pub fn process_name(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// The verdict on one look at the GPU: Ok with what was checked, or the refusal.
@@ -156,7 +149,13 @@ impl IdleCheck for GpuIdleCheck {
         loop {
             let procs = g.processes();
             let used = g.state().used_bytes;
-            match judge(n, &procs, used, self.max_used_mib, process_name) {
+            match judge(
+                n,
+                &procs,
+                used,
+                self.max_used_mib,
+                crate::util::procfs::process_name,
+            ) {
                 Ok(s) => return Ok(s),
                 Err(r) if start.elapsed() >= self.settle => return Err(r.to_string()),
                 Err(_) => std::thread::sleep(Duration::from_millis(250)),
@@ -168,7 +167,7 @@ impl IdleCheck for GpuIdleCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{FakeGpu, GpuState};
+    use crate::legs::sampler::{FakeGpu, GpuState};
 
     fn proc(pid: u32, mib: u64, compute: bool) -> GpuProc {
         GpuProc {

@@ -3,8 +3,8 @@
 //! (`[gates] kv_match`); this gate judges the pools as they finally were.
 
 use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::leg::LegName;
-use crate::protocol::Kv;
+use crate::legs::leg::LegName;
+use crate::legs::protocol::Kv;
 
 /// Pools within `tolerance_blocks` of the larger block size count as the same.
 pub fn matched(a: &Kv, b: &Kv, tolerance_blocks: u64) -> bool {

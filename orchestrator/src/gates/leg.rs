@@ -2,7 +2,7 @@
 //! no process behind, on the host or holding GPU memory.
 
 use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::leg::LegName;
+use crate::legs::leg::LegName;
 
 pub struct LegGate;
 
@@ -111,7 +111,7 @@ impl Gate for GpuStragglerGate {
 }
 
 /// This start's GPU stragglers and those of any start stopped for a kv resize.
-fn all_gpu(rec: &crate::leg::LegRecord) -> Vec<crate::watchdog::GpuStraggler> {
+fn all_gpu(rec: &crate::legs::leg::LegRecord) -> Vec<crate::legs::watchdog::GpuStraggler> {
     let mut all = rec.gpu_stragglers.clone();
     for p in &rec.prior_starts {
         all.extend(p.gpu_stragglers.iter().cloned());
@@ -124,11 +124,11 @@ mod tests {
     use super::*;
     use crate::gates::clock::ClockGate;
     use crate::gates::Gate;
-    use crate::leg::LegRecord;
-    use crate::sampler::summary::summarize;
-    use crate::sampler::Row;
+    use crate::legs::leg::LegRecord;
+    use crate::legs::sampler::summary::summarize;
+    use crate::legs::sampler::Row;
+    use crate::legs::watchdog::GpuStraggler;
     use crate::unit::Unit;
-    use crate::watchdog::GpuStraggler;
     use std::collections::BTreeMap;
     use std::path::Path;
 

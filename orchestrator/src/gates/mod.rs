@@ -4,7 +4,7 @@
 //!
 //! Post-run gates implement [`Gate`] and are listed in [`post_run_gates`]; the clock and GPU
 //! straggler gates read the sampler summaries in the leg records. The idle gate plugs into
-//! [`crate::lease::IdleCheck`], which runs before each leg.
+//! [`crate::legs::lease::IdleCheck`], which runs before each leg.
 
 pub mod build;
 pub mod clock;
@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::leg::{LegFailure, LegName, LegRecord};
-use crate::protocol::Kv;
-use crate::table::fmt_num;
+use crate::legs::leg::{LegFailure, LegName, LegRecord};
+use crate::legs::protocol::Kv;
+use crate::legs::watchdog::{GpuStraggler, Straggler};
 use crate::unit::{Golden, Unit};
-use crate::watchdog::{GpuStraggler, Straggler};
+use crate::util::fmt::{capitalise_first, fmt_num};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
@@ -334,14 +334,6 @@ impl fmt::Display for Refusal {
             }
             Refusal::Clock { reason } => write!(f, "{reason}"),
         }
-    }
-}
-
-fn capitalise_first(s: &str) -> String {
-    let mut c = s.chars();
-    match c.next() {
-        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
-        None => String::new(),
     }
 }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 use super::{golden_config, Gate, GateInput, GateResult, Mismatch, Refusal, Verdict};
-use crate::leg::{LegName, LegRecord, RequestKind};
+use crate::legs::leg::{LegName, LegRecord, RequestKind};
 use crate::unit::{Golden, Unit};
 
 /// Grand totals of one leg against one golden.
@@ -233,10 +233,10 @@ impl Gate for TokenGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leg::{PhaseTime, RequestRecord};
-    use crate::protocol::PromptResult;
+    use crate::legs::leg::{PhaseTime, RequestRecord};
+    use crate::legs::protocol::PromptResult;
+    use crate::legs::watchdog::Phase;
     use crate::unit::{GoldenCapture, GoldenOutput};
-    use crate::watchdog::Phase;
 
     fn golden() -> Golden {
         Golden {

@@ -1,7 +1,7 @@
 //! Synthetic run records in the shape `orchestrator run` writes (docs/RECORD.md), with known
 //! shifts planted in the samples, for the report and compare tests.
 
-use orchestrator::table::{words, Better};
+use orchestrator::numbers::axes::{words, Better};
 use serde_json::{json, Value};
 
 /// A deterministic value in [-1, 1] for (seed, i): planted noise that never changes.
@@ -88,7 +88,7 @@ impl Synth {
     }
 
     fn median(xs: &[f64]) -> f64 {
-        orchestrator::timing::median(xs).unwrap()
+        stats::median(xs).unwrap()
     }
 
     pub fn record(&self) -> Value {

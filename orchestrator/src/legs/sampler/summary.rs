@@ -19,7 +19,7 @@ use std::fmt;
 
 use super::gpu::throttle_names;
 use super::Row;
-use crate::table::fmt_num;
+use crate::util::fmt::fmt_num;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClockStats {
@@ -72,11 +72,6 @@ pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
     let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
     let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64))
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    percentile(&v, 0.5)
 }
 
 /// The series' phase marks, (time in µs, phase), in order.
@@ -222,8 +217,8 @@ pub fn summarize(rows: &[Row]) -> GpuSummary {
         },
         busy_fraction: (util_n > 0).then(|| busy_n as f64 / util_n as f64),
         sm_mhz,
-        mem_mhz_median: median(mem),
-        power_w_median: median(power.clone()),
+        mem_mhz_median: ::stats::median(&mem),
+        power_w_median: ::stats::median(&power),
         power_w_max: power.iter().copied().reduce(f64::max),
         temp_c_max: temp_max,
         throttle,

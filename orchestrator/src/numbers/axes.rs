@@ -1,12 +1,13 @@
-//! The ratio table: per axis ours | oracle | ratio | which is faster in words. Rendered with
-//! comfy-table on the terminal and as Markdown beside the record; refusals as sentences below.
+//! The axes of the ratio table: per axis ours | oracle | ratio | which is faster in words,
+//! from both legs' records and timings, with the gates' verdicts marking what they withhold.
+//! render/table.rs draws them.
 
-use comfy_table::{presets, ContentArrangement, Table};
 use serde::{Deserialize, Serialize};
 
 use crate::gates::GateResult;
-use crate::leg::{LegName, LegRecord};
-use crate::timing::{median, median_of, Timings};
+use crate::legs::{LegName, LegRecord};
+use crate::numbers::timing::{median_of, Timings};
+use ::stats::median;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -74,20 +75,13 @@ fn fmt_factor(f: f64) -> String {
     }
 }
 
-/// Four significant figures, no exponent for ordinary magnitudes.
-pub fn fmt_num(x: f64) -> String {
-    if x == 0.0 {
-        return "0".into();
-    }
-    let mag = x.abs().log10().floor() as i32;
-    if !(-4..6).contains(&mag) {
-        return format!("{x:.3e}");
-    }
-    let decimals = (3 - mag).max(0) as usize;
-    format!("{x:.decimals$}")
-}
-
-fn axis(name: String, unit: &str, better: Better, ours: Option<f64>, oracle: Option<f64>) -> Axis {
+pub(crate) fn axis(
+    name: String,
+    unit: &str,
+    better: Better,
+    ours: Option<f64>,
+    oracle: Option<f64>,
+) -> Axis {
     let (ratio, w) = match (ours, oracle) {
         (Some(a), Some(b)) if b != 0.0 => (Some(a / b), words(better, a, b)),
         (Some(_), None) => (None, "not measured on the oracle leg".into()),
@@ -245,72 +239,6 @@ pub fn axes(
     v
 }
 
-fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
-    match x {
-        Some(x) => format!(
-            "{} {unit}{}",
-            fmt_num(x),
-            if refused { " (refused)" } else { "" }
-        ),
-        None => "-".into(),
-    }
-}
-
-fn row(a: &Axis) -> [String; 5] {
-    let mut words = a.words.clone();
-    if let Some(n) = &a.note {
-        words = format!("{words}; {n}");
-    }
-    [
-        a.axis.clone(),
-        cell(a.ours, &a.unit, a.ours_refused),
-        cell(a.oracle, &a.unit, a.oracle_refused),
-        a.ratio
-            .map(|r| format!("{}x", fmt_num(r)))
-            .unwrap_or_else(|| "-".into()),
-        words,
-    ]
-}
-
-const HEADER: [&str; 5] = ["axis", "ours", "oracle", "ratio (ours/oracle)", "in words"];
-
-pub fn render_terminal(axes: &[Axis]) -> String {
-    let mut t = Table::new();
-    t.load_preset(presets::UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(HEADER);
-    for a in axes {
-        t.add_row(row(a));
-    }
-    t.to_string()
-}
-
-/// A Markdown table's header and rule lines.
-pub fn md_head(header: &[&str]) -> String {
-    format!(
-        "| {} |\n|{}\n",
-        header.join(" | "),
-        " --- |".repeat(header.len())
-    )
-}
-
-/// One Markdown table row, `|` in a cell escaped.
-pub fn md_row<S: AsRef<str>>(cells: &[S]) -> String {
-    let cells: Vec<String> = cells
-        .iter()
-        .map(|c| c.as_ref().replace('|', "\\|"))
-        .collect();
-    format!("| {} |\n", cells.join(" | "))
-}
-
-pub fn render_markdown(axes: &[Axis]) -> String {
-    let mut out = md_head(&HEADER);
-    for a in axes {
-        out.push_str(&md_row(&row(a)));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,25 +260,6 @@ mod tests {
         assert_eq!(
             words(Better::Lower, 10.3194, 0.014369),
             "oracle 718x faster"
-        );
-    }
-
-    #[test]
-    fn numbers_keep_four_figures() {
-        assert_eq!(fmt_num(0.014369), "0.01437");
-        assert_eq!(fmt_num(280.9), "280.9");
-        assert_eq!(fmt_num(644096.0), "644096");
-        assert_eq!(fmt_num(1.0), "1.000");
-    }
-
-    #[test]
-    fn markdown_marks_refused_cells() {
-        let mut a = axis("x".into(), "s", Better::Lower, Some(1.0), Some(2.0));
-        a.ours_refused = true;
-        let md = render_markdown(&[a]);
-        assert!(
-            md.contains("| x | 1.000 s (refused) | 2.000 s | 0.5000x | ours 2.00x faster |"),
-            "{md}"
         );
     }
 }

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::leg::{LegRecord, RequestKind};
+use crate::legs::leg::{LegRecord, RequestKind};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Sample {
@@ -73,32 +73,7 @@ impl Timings {
     }
 }
 
-pub fn median(xs: &[f64]) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    })
-}
-
+/// The median of the samples' seconds.
 pub fn median_of(samples: &[Sample]) -> Option<f64> {
-    median(&samples.iter().map(|s| s.s).collect::<Vec<_>>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_odd_even_empty() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
-        assert_eq!(median(&[]), None);
-    }
+    ::stats::median(&samples.iter().map(|s| s.s).collect::<Vec<_>>())
 }

@@ -34,13 +34,6 @@ pub fn now_us() -> u64 {
         .unwrap_or(0)
 }
 
-/// The kernel's boot id: two legs on different boots are not on a comparable GPU.
-pub fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 /// The leg's phase as the orchestrator last marked it, shared with the sampler threads. Marks
 /// are kept with their times so that samples the driver stamped earlier (the utilization
 /// buffer is read in batches) are attributed to the phase they really fell in.
@@ -219,14 +212,14 @@ impl LegPids {
         {
             return true;
         }
-        if matches!(crate::watchdog::stat_state_pgid(pid as i32), Some((_, pg)) if pg == root as i32)
+        if matches!(crate::util::procfs::stat_state_pgid(pid as i32), Some((_, pg)) if pg == root as i32)
         {
             return true;
         }
         // A descendant that left the group: walk up the parents (bounded against cycles).
         let mut cur = pid;
         for _ in 0..64 {
-            match parent_of(cur) {
+            match crate::util::procfs::parent_of(cur) {
                 Some(p) if p == root => return true,
                 Some(p) if p > 1 => cur = p,
                 _ => return false,
@@ -234,12 +227,6 @@ impl LegPids {
         }
         false
     }
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 struct GpuOut {
@@ -337,7 +324,7 @@ impl LegSampler {
             pids,
             info,
             no_gpu,
-            boot_id: boot_id(),
+            boot_id: crate::util::procfs::boot_id(),
             started: Instant::now(),
         }
     }

@@ -2,12 +2,12 @@
 //! the GPU utilization over time, the phases shaded, and the run's refusals written under it.
 //! Hand-written SVG: a few rectangles and polylines do not justify a plotting dependency.
 
-use crate::svg::esc;
+use crate::render::svg::esc;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::leg::LegRecord;
-use crate::sampler::{self, Row};
+use crate::legs::leg::LegRecord;
+use crate::legs::sampler::{self, Row};
 
 const W: f64 = 1000.0;
 const PANEL_H: f64 = 220.0;

@@ -3,7 +3,7 @@
 //! (ratios span orders of magnitude, and 2x slower must look as far from parity as 2x faster).
 //! Every coordinate is printed with fixed decimals, so the same points give the same bytes.
 
-use crate::svg::esc;
+use crate::render::svg::esc;
 /// One line of the chart.
 pub struct Series {
     pub name: String,
@@ -22,7 +22,7 @@ const TOP: f64 = 30.0;
 const BOTTOM: f64 = 40.0;
 
 fn label(r: f64) -> String {
-    format!("{}x", crate::table::fmt_num(r))
+    format!("{}x", crate::util::fmt::fmt_num(r))
 }
 
 /// A gridline's label: "0.2x", "1x", "500x".

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::unit::WatchdogCfg;
+use crate::util::procfs::{command_line, group_members, is_alive};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -78,7 +79,7 @@ pub struct GpuStraggler {
 
 /// The processes in `procs` (a GPU's process table) that are the leg's, per `is_leg`.
 pub fn gpu_stragglers(
-    procs: &[crate::sampler::GpuProc],
+    procs: &[crate::legs::sampler::GpuProc],
     is_leg: impl Fn(u32) -> bool,
 ) -> Vec<(u32, Option<u64>)> {
     procs
@@ -91,7 +92,7 @@ pub fn gpu_stragglers(
 /// Names and SIGKILLs every process of the leg still on the GPU. Only live processes are
 /// killed: a pid seen during the leg that has since gone is not signalled (it may be reused).
 pub fn reap_gpu_stragglers(
-    gpu: &mut dyn crate::sampler::Gpu,
+    gpu: &mut dyn crate::legs::sampler::Gpu,
     is_leg: impl Fn(u32) -> bool,
     name: impl Fn(u32) -> String,
 ) -> Vec<GpuStraggler> {
@@ -144,56 +145,6 @@ fn signal_pid(pid: i32, sig: i32) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-/// Process ids whose process group is `pgid`, zombies excluded (they hold nothing).
-pub fn group_members(pgid: i32) -> Vec<i32> {
-    let mut out = vec![];
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if let Some((state, pg)) = stat_state_pgid(pid) {
-            if pg == pgid && state != 'Z' && state != 'X' {
-                out.push(pid);
-            }
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
-/// (state, pgid) from /proc/PID/stat; the command name may hold spaces and parentheses, so the
-/// fields are read after the last ')'.
-pub fn stat_state_pgid(pid: i32) -> Option<(char, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let _ppid = f.next()?;
-    let pgid = f.next()?.parse().ok()?;
-    Some((state, pgid))
-}
-
-pub fn is_alive(pid: i32) -> bool {
-    matches!(stat_state_pgid(pid), Some((s, _)) if s != 'Z' && s != 'X')
-}
-
-pub fn command_line(pid: i32) -> String {
-    match std::fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(b) if !b.is_empty() => b
-            .split(|&c| c == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| format!("[{}]", s.trim()))
-            .unwrap_or_else(|_| "?".into()),
-    }
-}
-
 /// TERM the group, wait up to `grace` for it to empty, then KILL it. Returns the signals sent.
 pub async fn term_then_kill(pgid: i32, grace: Duration) -> Vec<String> {
     let mut sent = vec![];
@@ -239,7 +190,7 @@ pub fn reap_stragglers(pgid: i32, announced: &[u32]) -> Vec<Straggler> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{FakeGpu, GpuProc};
+    use crate::legs::sampler::{FakeGpu, GpuProc};
 
     #[test]
     fn a_leg_process_left_on_the_gpu_is_named_with_its_mib_and_killed() {
@@ -278,16 +229,5 @@ mod tests {
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
         // None of the leg's processes on the GPU: nothing to report.
         assert!(gpu_stragglers(&gpu.procs, |p| p == 999_999).is_empty());
-    }
-
-    #[test]
-    fn stat_reads_own_group() {
-        let me = std::process::id() as i32;
-        let (state, pg) = stat_state_pgid(me).unwrap();
-        assert_ne!(state, 'Z');
-        // SAFETY: getpgrp cannot fail.
-        assert_eq!(pg, unsafe { libc::getpgrp() });
-        assert!(group_members(pg).contains(&me));
-        assert!(command_line(me).contains("orchestrator"));
     }
 }

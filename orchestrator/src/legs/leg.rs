@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::progress::Progress;
-use crate::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
-use crate::sampler::{HostMemSummary, LegSampler, SamplerReport, SamplerSpec};
+use crate::legs::progress::Progress;
+use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
+use crate::legs::sampler::{HostMemSummary, LegSampler, SamplerReport, SamplerSpec};
+use crate::legs::watchdog::{self, GpuStraggler, Phase, Straggler, WatchdogKill};
 use crate::unit::WatchdogCfg;
-use crate::watchdog::{self, GpuStraggler, Phase, Straggler, WatchdogKill};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
@@ -619,7 +619,7 @@ impl LegRun {
         // GPU side first: a process still holding memory is named with its MiB before the
         // host-side reap kills it anonymously.
         if let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) {
-            if let Ok(mut g) = crate::sampler::nvml::open(gpu) {
+            if let Ok(mut g) = crate::legs::sampler::nvml::open(gpu) {
                 // `seen` were the leg's when the sampler saw them (group, descendant or
                 // announced); one that left the group since (setsid) is still the leg's worker.
                 let seen = self.record.sampler.gpu_pids_seen.clone();
@@ -627,12 +627,12 @@ impl LegRun {
                     pid as i32 == pgid
                         || announced.contains(&pid)
                         || seen.contains(&pid)
-                        || matches!(watchdog::stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
+                        || matches!(crate::util::procfs::stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
                 };
                 let found = watchdog::reap_gpu_stragglers(
                     g.as_mut(),
                     is_leg,
-                    crate::gates::idle::process_name,
+                    crate::util::procfs::process_name,
                 );
                 for s in &found {
                     if !self.quiet {
@@ -691,7 +691,7 @@ impl LegRun {
                         "malformed_line",
                         format!(
                             "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
-                            clip(&line, 300)
+                            crate::util::fmt::clip(&line, 300)
                         ),
                     ),
                     Fault::ErrorEvent(e) => (
@@ -826,12 +826,4 @@ async fn run_passes(
         }
     }
     Ok(())
-}
-
-fn clip(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        format!("{}...", s.chars().take(n).collect::<String>())
-    }
 }

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::record;
 use crate::unit::{self, Golden, Prompt, Unit};
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
@@ -73,7 +72,8 @@ impl Report {
 /// The project root: the git top-level holding the unit, else the one holding the current
 /// directory (a unit outside the repository, as in tests).
 pub fn find_project_root(unit_dir: &Path) -> Option<PathBuf> {
-    record::project_root(unit_dir).or_else(|| record::project_root(Path::new(".")))
+    crate::util::git::project_root(unit_dir)
+        .or_else(|| crate::util::git::project_root(Path::new(".")))
 }
 
 /// Runs every check (not stopping at the first failure, so one pass shows everything to fix).

@@ -5,6 +5,8 @@
 //! number and the fields we read, so that a field added there does not break a run here.
 //! Every default lives in one `fn default_*` below and is documented in docs/UNIT.md.
 
+pub mod preflight;
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -718,7 +720,7 @@ backend = "transformers"
     /// docs/UNIT.md's example must parse, and show the same defaults the code applies.
     #[test]
     fn the_documented_unit_parses_with_the_documented_defaults() {
-        let doc = include_str!("../../docs/UNIT.md");
+        let doc = include_str!("../../../docs/UNIT.md");
         let start = doc.find("```toml\n").expect("a toml block in docs/UNIT.md") + 8;
         let block = &doc[start..start + doc[start..].find("```").unwrap()];
         let documented = Unit::parse(Path::new("/x/unit.toml"), block).unwrap();

@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::table::fmt_num;
-use crate::timing::{median, Timings};
+use crate::numbers::timing::Timings;
+use crate::util::fmt::fmt_num;
+use ::stats::median;
 
 /// One axis of one leg: its per-repeat figures in pass order and their spread.
 #[derive(Debug, Clone, PartialEq)]

@@ -158,7 +158,7 @@ impl Lease {
         let info = format!(
             "pid {}\nfor {what}\nsince {}\n",
             std::process::id(),
-            crate::record::utc_now_iso()
+            crate::util::time::utc_now_iso()
         );
         file.set_len(0).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;

@@ -4,7 +4,7 @@
 
 use statrs::distribution::{ContinuousCDF, Normal};
 
-use crate::timing::median;
+use ::stats::median;
 
 /// SplitMix64: a small, fixed generator, so the same samples always give the same interval
 /// (docs/REPORT.md promises byte-identical output from the same records).
