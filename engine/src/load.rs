@@ -53,6 +53,11 @@ impl Device {
 
 pub fn load(opts: &LoadOptions) -> Result<Engine> {
     let device = Device::parse(&opts.device)?;
+    if opts.max_batch == 0 {
+        return Err(Error::Config {
+            message: "--max-batch 0 admits no sequence; give 1 or more (the default is 8)".into(),
+        });
+    }
     let cfg = ModelConfig::load(&opts.model)?;
     let ckpt = Checkpoint::open(&opts.model)?;
     ckpt.validate(&cfg)?;
