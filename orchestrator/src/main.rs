@@ -10,6 +10,7 @@ use orchestrator::legs::sampler;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::preflight;
+use orchestrator::util::term::{out, outln, sayln};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -160,26 +161,30 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
-        } => code(run::run(
-            &unit,
-            &RunOptions {
-                records_dir,
-                lock_dir,
-                no_wait,
-                python,
-                quiet,
-            },
-        )),
+        } => code({
+            orchestrator::util::interrupt::install();
+            run::run(
+                &unit,
+                &RunOptions {
+                    records_dir,
+                    lock_dir,
+                    no_wait,
+                    python,
+                    quiet,
+                },
+            )
+        }),
         Cmd::Check { unit, python } => {
+            orchestrator::util::interrupt::install();
             let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
             for l in &report.lines {
-                println!("{l}");
+                outln!("{l}");
             }
             if checked.is_some() {
-                println!("preflight passed: {}", unit.display());
+                outln!("preflight passed: {}", unit.display());
                 code(0)
             } else {
-                println!(
+                outln!(
                     "preflight FAILED: {} check(s) failed",
                     report.failures.len()
                 );
@@ -192,15 +197,15 @@ fn main() -> ExitCode {
             match report::report(&records, &out) {
                 Ok(o) => {
                     for p in &o.written {
-                        println!("wrote {}", p.display());
+                        outln!("wrote {}", p.display());
                     }
                     for r in &o.rejected {
-                        eprintln!("orchestrator report: {r}");
+                        sayln!("orchestrator report: {r}");
                     }
                     code(if o.rejected.is_empty() { 0 } else { 1 })
                 }
                 Err(e) => {
-                    eprintln!("orchestrator report: {e}");
+                    sayln!("orchestrator report: {e}");
                     code(2)
                 }
             }
@@ -229,16 +234,16 @@ fn main() -> ExitCode {
             };
             let result = loaded.and_then(|(recs, rejected)| {
                 for r in &rejected {
-                    eprintln!("orchestrator compare: {r}");
+                    sayln!("orchestrator compare: {r}");
                 }
                 compare::compare(&base, &head, &recs, &t, allow_different_hosts)
             });
             match result {
                 Ok(c) => {
                     match format {
-                        Format::Table => print!("{}", compare::render_terminal(&c)),
-                        Format::Markdown => print!("{}", compare::render_markdown(&c)),
-                        Format::Json => println!(
+                        Format::Table => out!("{}", compare::render_terminal(&c)),
+                        Format::Markdown => out!("{}", compare::render_markdown(&c)),
+                        Format::Json => outln!(
                             "{}",
                             serde_json::to_string_pretty(&c).expect("a comparison serializes")
                         ),
@@ -246,7 +251,7 @@ fn main() -> ExitCode {
                     code(c.exit_status)
                 }
                 Err(e) => {
-                    eprintln!("orchestrator compare: {e}");
+                    sayln!("orchestrator compare: {e}");
                     code(compare::EXIT_ERROR)
                 }
             }

@@ -37,8 +37,15 @@ impl Phase {
             Phase::Battery => cfg.battery_s,
             Phase::Shutdown => cfg.shutdown_s,
         };
-        Duration::from_secs_f64(s)
+        seconds(s)
     }
+}
+
+/// A unit's seconds as a duration, never panicking: preflight bounds them to
+/// [`crate::unit::MAX_DEADLINE_S`], and a value that got past it anyway is clamped there.
+pub fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.min(crate::unit::MAX_DEADLINE_S))
+        .unwrap_or(Duration::from_secs(0))
 }
 
 impl std::fmt::Display for Phase {

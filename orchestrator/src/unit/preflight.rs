@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::unit::{self, Golden, Prompt, Unit};
+use crate::util::term::sayln;
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
@@ -69,6 +70,88 @@ impl Report {
     }
 }
 
+/// A pending SIGINT/SIGTERM/SIGHUP (util/interrupt.rs) becomes the `interrupted` failure.
+fn interrupted(rep: &mut Report, when: &str) -> bool {
+    match crate::util::interrupt::pending() {
+        Some(sig) => {
+            rep.fail("interrupted", format!("{sig} {when}; nothing was run"));
+            true
+        }
+        None => false,
+    }
+}
+
+/// What preflight reads from the model's config.json to check the data files against it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelFacts {
+    pub vocab_size: u64,
+    /// `eos_token_id` (an int or a list); empty where config.json gives none.
+    pub eos: Vec<u64>,
+}
+
+impl ModelFacts {
+    /// None where config.json is unreadable or has no `vocab_size` (the model check says why).
+    pub fn read(model_dir: &Path) -> Option<ModelFacts> {
+        let cfg = read_json(&model_dir.join("config.json")).ok()?;
+        let vocab_size = cfg.get("vocab_size")?.as_u64()?;
+        let eos = match cfg.get("eos_token_id") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
+            Some(v) => v.as_u64().into_iter().collect(),
+            None => vec![],
+        };
+        Some(ModelFacts { vocab_size, eos })
+    }
+
+    /// Every prompt token is in the vocabulary (else both legs fail with `bad_token`).
+    pub fn check_prompts(&self, prompts: &[Prompt]) -> Result<String, String> {
+        let v = self.vocab_size;
+        let bad: Vec<(&str, usize, u32)> = prompts
+            .iter()
+            .flat_map(|p| {
+                p.tokens
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &t)| u64::from(t) >= v)
+                    .map(|(i, &t)| (p.id.as_str(), i, t))
+            })
+            .collect();
+        match bad.first() {
+            None => Ok(format!("every prompt token is below vocab_size {v}")),
+            Some((id, i, t)) => Err(format!(
+                "{} prompt token(s) are outside the model's vocabulary [0, {v}) (config.json vocab_size), the first prompt {id:?} position {i}: {t}; both legs would refuse them (bad_token): the prompts were tokenized for another model",
+                bad.len()
+            )),
+        }
+    }
+
+    /// The golden's tokens are in the vocabulary, and an output shorter than `max_tokens` (only
+    /// allowed without ignore_eos, load_golden checks) ends at one of config.json's EOS ids.
+    pub fn check_golden(&self, g: &Golden, max_tokens: u32) -> Result<(), String> {
+        for o in &g.outputs {
+            if let Some(t) = o.tokens.iter().find(|&&t| u64::from(t) >= self.vocab_size) {
+                return Err(format!(
+                    "the output for prompt {:?} holds token {t}, outside the model's vocabulary [0, {}): the golden is not of this model",
+                    o.id, self.vocab_size
+                ));
+            }
+            let short = o.tokens.len() < max_tokens as usize;
+            let at_eos = o
+                .tokens
+                .last()
+                .is_some_and(|&t| self.eos.contains(&u64::from(t)));
+            if short && !g.ignore_eos && !self.eos.is_empty() && !at_eos {
+                return Err(format!(
+                    "the output for prompt {:?} holds {} token(s), fewer than max_tokens = {max_tokens}, and does not end at an EOS id {:?} of config.json: it was cut; recapture the golden",
+                    o.id,
+                    o.tokens.len(),
+                    self.eos
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The project root: the git top-level holding the unit, else the one holding the current
 /// directory (a unit outside the repository, as in tests).
 pub fn find_project_root(unit_dir: &Path) -> Option<PathBuf> {
@@ -90,7 +173,7 @@ pub fn preflight(
     let say = |rep: &Report| {
         if print {
             if let Some(l) = rep.lines.last() {
-                eprintln!("[check] {l}");
+                sayln!("[check] {l}");
             }
         }
     };
@@ -136,12 +219,29 @@ pub fn preflight(
         Err(m) => rep.fail("model", m),
     }
     say(&rep);
+    let facts = ModelFacts::read(&unit.model_dir());
+    if let (Some(prompts), Some(facts)) = (&prompts, &facts) {
+        match facts.check_prompts(prompts) {
+            Ok(what) => rep.ok("vocabulary", what),
+            Err(m) => rep.fail("vocabulary", m),
+        }
+        say(&rep);
+    }
 
     let mut goldens = BTreeMap::new();
     if let Some(prompts) = &prompts {
         for g in &unit.config.golden {
             let path = unit.resolve(&g.file);
-            match unit::load_golden(&path, &unit.config.battery, prompts) {
+            let loaded = unit::load_golden(&path, &unit.config.battery, prompts)
+                .map_err(|e| e.to_string())
+                .and_then(|gold| match &facts {
+                    Some(f) => f
+                        .check_golden(&gold, unit.config.battery.max_tokens)
+                        .map(|()| gold)
+                        .map_err(|m| format!("{}: {m}", path.display())),
+                    None => Ok(gold),
+                });
+            match loaded {
                 Ok(gold) => {
                     rep.ok(
                         "golden",
@@ -157,7 +257,7 @@ pub fn preflight(
                     );
                     goldens.insert(g.file.clone(), gold);
                 }
-                Err(e) => rep.fail("golden", e.to_string()),
+                Err(e) => rep.fail("golden", e),
             }
             say(&rep);
         }
@@ -177,11 +277,14 @@ pub fn preflight(
     say(&rep);
 
     let python = oracle_python(&unit, python_cli);
-    match check_oracle(&python, unit.config.oracle.backend.as_str(), &root) {
-        Ok(what) => rep.ok("oracle", what),
-        Err(m) => rep.fail("oracle", m),
+    if !interrupted(&mut rep, "before the oracle check") {
+        match check_oracle(&python, unit.config.oracle.backend.as_str(), &root) {
+            Ok(what) => rep.ok("oracle", what),
+            Err(m) => rep.fail("oracle", m),
+        }
+        say(&rep);
+        interrupted(&mut rep, "during the oracle check, which was stopped");
     }
-    say(&rep);
 
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,
@@ -357,8 +460,12 @@ fn check_oracle(python: &str, backend: &str, root: &Path) -> Result<String, Stri
         .current_dir(root)
         .env("PYTHONPATH", pythonpath(root))
         .stdin(std::process::Stdio::null());
-    let out = run_with_timeout(cmd, Duration::from_secs(600))
-        .map_err(|e| format!("`{shown}` could not be run ({e}); set [oracle] python, --python or LLM_BENCH_PYTHON to an interpreter with the oracle's requirements"))?;
+    let out = run_with_timeout(cmd, Duration::from_secs(600)).map_err(|e| {
+        match crate::util::interrupt::pending() {
+            Some(sig) => format!("`{shown}` was stopped by {sig}"),
+            None => format!("`{shown}` could not be run ({e}); set [oracle] python, --python or LLM_BENCH_PYTHON to an interpreter with the oracle's requirements"),
+        }
+    })?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -393,12 +500,18 @@ pub fn pythonpath(root: &Path) -> String {
     }
 }
 
+/// Runs `cmd` to its end, in a process group of its own tied to the orchestrator
+/// (util/child.rs); the group is killed at `limit`, or when a SIGINT/SIGTERM/SIGHUP arrives.
 fn run_with_timeout(mut cmd: Command, limit: Duration) -> std::io::Result<std::process::Output> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    crate::util::child::tie(&mut cmd, None);
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
+    let guard = crate::util::child::GroupGuard::start(child.id() as i32).ok();
     let mut so = child.stdout.take().expect("piped");
     let mut se = child.stderr.take().expect("piped");
     let t_out = std::thread::spawn(move || {
@@ -416,16 +529,28 @@ fn run_with_timeout(mut cmd: Command, limit: Duration) -> std::io::Result<std::p
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        if start.elapsed() > limit {
+        let why = if start.elapsed() > limit {
+            Some(format!("no answer in {} s", limit.as_secs()))
+        } else {
+            crate::util::interrupt::pending().map(|sig| format!("stopped by {sig}"))
+        };
+        if let Some(why) = why {
+            if let Some(g) = guard {
+                g.fire();
+            }
             let _ = child.kill();
             let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer in {} s", limit.as_secs()),
-            ));
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
+    // The child is gone; anything it left in its group (which would hold the pipes open) goes.
+    let pgid = child.id() as i32;
+    match guard {
+        Some(g) if crate::util::procfs::group_members(pgid).is_empty() => g.release(),
+        Some(g) => g.fire(),
+        None => {}
+    }
     Ok(std::process::Output {
         status,
         stdout: t_out.join().unwrap_or_default(),
@@ -450,6 +575,64 @@ mod tests {
         b.extend(h);
         b.extend([0u8; 4]);
         std::fs::write(p, b).unwrap();
+    }
+
+    fn golden(ignore_eos: bool, outputs: &[(&str, &[u32])]) -> Golden {
+        serde_json::from_value(serde_json::json!({"schema": 1, "max_tokens": 4,
+            "ignore_eos": ignore_eos, "capture": {},
+            "outputs": outputs.iter().map(|(id, t)| serde_json::json!({"id": id, "tokens": t}))
+                .collect::<Vec<_>>()}))
+        .unwrap()
+    }
+
+    /// Token ids >= vocab passed preflight, then both legs failed with bad_token (exit 2); a
+    /// golden cut short without ignore_eos blamed correct legs.
+    #[test]
+    fn data_files_are_checked_against_config_json() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("config.json"),
+            r#"{"vocab_size": 512, "eos_token_id": [2, 7]}"#,
+        )
+        .unwrap();
+        let f = ModelFacts::read(d.path()).unwrap();
+        assert_eq!(
+            f,
+            ModelFacts {
+                vocab_size: 512,
+                eos: vec![2, 7]
+            }
+        );
+        let p = |id: &str, t: &[u32]| Prompt {
+            id: id.into(),
+            tokens: t.to_vec(),
+        };
+        assert!(f.check_prompts(&[p("a", &[1, 511])]).is_ok());
+        let e = f
+            .check_prompts(&[p("a", &[1]), p("b", &[3, 512, 9000])])
+            .unwrap_err();
+        assert!(
+            e.starts_with("2 prompt token(s) are outside the model's vocabulary [0, 512)"),
+            "{e}"
+        );
+        assert!(e.contains("prompt \"b\" position 1: 512"), "{e}");
+
+        assert!(f
+            .check_golden(&golden(true, &[("a", &[1, 2, 3, 4])]), 4)
+            .is_ok());
+        let e = f
+            .check_golden(&golden(true, &[("a", &[1, 600, 3, 4])]), 4)
+            .unwrap_err();
+        assert!(
+            e.contains("holds token 600, outside the model's vocabulary [0, 512)"),
+            "{e}"
+        );
+        // Without ignore_eos a short output is fine where it stopped at an EOS id, not elsewhere.
+        assert!(f.check_golden(&golden(false, &[("a", &[1, 7])]), 4).is_ok());
+        let e = f
+            .check_golden(&golden(false, &[("a", &[1, 8])]), 4)
+            .unwrap_err();
+        assert!(e.contains("does not end at an EOS id [2, 7]"), "{e}");
     }
 
     #[test]

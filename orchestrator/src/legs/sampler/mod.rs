@@ -13,6 +13,7 @@ pub mod host;
 pub mod nvml;
 pub mod summary;
 
+use crate::util::term::{outln, sayln};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -295,7 +296,7 @@ impl LegSampler {
         static SAID: AtomicBool = AtomicBool::new(false);
         if let Some(why) = &no_gpu {
             if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
+                sayln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
             }
         }
         let gpu_thread = gpu.ok().map(|g| {
@@ -391,7 +392,7 @@ impl LegSampler {
         if let Some(path) = &self.spec.series {
             match write_series(path, &rows) {
                 Ok(()) => series = Some(path.clone()),
-                Err(e) => eprintln!(
+                Err(e) => sayln!(
                     "[{}] sampler: cannot write the series {} ({e}); the summary is still recorded",
                     self.leg,
                     path.display()
@@ -617,7 +618,7 @@ pub fn sample_command(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -
     let g = match nvml::open(gpu) {
         Ok(g) => g,
         Err(why) => {
-            eprintln!("orchestrator clock sample: {why}; nothing was sampled");
+            sayln!("orchestrator clock sample: {why}; nothing was sampled");
             return 2;
         }
     };
@@ -626,13 +627,13 @@ pub fn sample_command(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -
     std::thread::sleep(Duration::from_secs_f64(seconds.max(0.0)));
     let done = s.finish();
     match &done.report.series {
-        Some(p) => println!("series: {}", p.display()),
+        Some(p) => outln!("series: {}", p.display()),
         None => return 2,
     }
     if let Some(sum) = &done.report.summary {
-        println!("{sum}");
+        outln!("{sum}");
     }
-    println!(
+    outln!(
         "sampler cost: {:.3} s CPU over {:.1} s ({:.2}% of one core)",
         done.report.cpu_s,
         done.report.wall_s,
