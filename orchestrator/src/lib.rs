@@ -17,6 +17,7 @@ pub mod record;
 
 pub mod render;
 
+pub mod clock;
 pub mod compare;
 pub mod report;
 pub mod run;

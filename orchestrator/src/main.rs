@@ -2,11 +2,14 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use orchestrator::compare::{self, Spec, Thresholds};
-use orchestrator::gates::clock::{self, ClockCfg};
+use orchestrator::clock::{self, Said};
+use orchestrator::compare;
+use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
-use orchestrator::legs::sampler;
+use orchestrator::numbers::regress::{self, Thresholds};
+use orchestrator::record::select::Spec;
+use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::preflight;
@@ -151,6 +154,20 @@ fn code(c: i32) -> ExitCode {
     ExitCode::from(c.clamp(0, 255) as u8)
 }
 
+/// A clock command's stdout and exit status, or its error on stderr and exit 2.
+fn said(what: &str, r: Result<Said, String>) -> ExitCode {
+    match r {
+        Ok(s) => {
+            out!("{}", s.out);
+            code(s.exit)
+        }
+        Err(e) => {
+            sayln!("orchestrator {what}: {e}");
+            code(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
@@ -161,19 +178,29 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
-        } => code({
+        } => {
+            let opts = RunOptions {
+                records_dir,
+                lock_dir,
+                no_wait,
+                python,
+                quiet,
+            };
             orchestrator::util::interrupt::install();
-            run::run(
-                &unit,
-                &RunOptions {
-                    records_dir,
-                    lock_dir,
-                    no_wait,
-                    python,
-                    quiet,
-                },
-            )
-        }),
+            match run::run(&unit, &opts) {
+                Ok(o) => {
+                    for w in &o.warnings {
+                        sayln!("orchestrator: {w}");
+                    }
+                    out!("{}", o.summary);
+                    code(o.exit_status)
+                }
+                Err(e) => {
+                    sayln!("orchestrator: {e}");
+                    code(run::EXIT_ERROR)
+                }
+            }
+        }
         Cmd::Check { unit, python } => {
             orchestrator::util::interrupt::install();
             let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
@@ -241,8 +268,8 @@ fn main() -> ExitCode {
             match result {
                 Ok(c) => {
                     match format {
-                        Format::Table => out!("{}", compare::render_terminal(&c)),
-                        Format::Markdown => out!("{}", compare::render_markdown(&c)),
+                        Format::Table => out!("{}", render::compare::terminal(&c)),
+                        Format::Markdown => out!("{}", render::compare::markdown(&c)),
                         Format::Json => outln!(
                             "{}",
                             serde_json::to_string_pretty(&c).expect("a comparison serializes")
@@ -252,7 +279,7 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     sayln!("orchestrator compare: {e}");
-                    code(compare::EXIT_ERROR)
+                    code(regress::EXIT_ERROR)
                 }
             }
         }
@@ -277,16 +304,19 @@ fn main() -> ExitCode {
                     out,
                     period_ms,
                 },
-        } => code(sampler::sample_command(seconds, gpu, &out, period_ms)),
+        } => said("clock sample", clock::sample(seconds, gpu, &out, period_ms)),
         Cmd::Clock {
             cmd: ClockCmd::Compare { a, b, basis },
-        } => code(clock::compare_command(
-            &a,
-            &b,
-            &ClockCfg {
-                basis,
-                ..ClockCfg::default()
-            },
-        )),
+        } => said(
+            "clock compare",
+            clock::compare(
+                &a,
+                &b,
+                &ClockCfg {
+                    basis,
+                    ..ClockCfg::default()
+                },
+            ),
+        ),
     }
 }

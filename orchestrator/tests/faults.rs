@@ -291,7 +291,9 @@ fn a_busy_gpu_stops_each_leg_from_starting_and_names_the_process() {
         open: busy_gpu,
         settle: Duration::ZERO,
     };
-    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle).unwrap();
+    let code = orchestrator::run::run_checked(&checked.unwrap(), &opts, &idle)
+        .unwrap()
+        .exit_status;
     assert_eq!(code, 2, "neither leg was measured");
     let rec = f.record().unwrap();
     for leg in ["engine", "oracle"] {

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::Path;
 
-use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::legs::leg::LegName;
+use super::{Axes, Gate, GateInput, GateResult, Scope};
 use crate::legs::sampler::{self, GpuSummary, Row};
+use crate::legs::LegName;
 use crate::unit::GatesCfg;
 
 /// The gate's thresholds ([gates] clock_* in the unit; defaults from DESIGN.md).
@@ -281,53 +281,31 @@ pub fn compare(a: &ClockSide, b: &ClockSide, cfg: &ClockCfg) -> Vec<ClockReason>
     out
 }
 
-/// How much of the observed per-token gap a clock offset could explain: a kernel-bound leg's
-/// time moves by `basis` points per point of clock, so an offset of o% explains at most
-/// |o| x basis % of the gap. The reference report: basis 0.7548, offset 0.0%, gap 718x.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClockExplain {
-    pub median_offset_pct: f64,
-    pub basis: f64,
-    /// |offset| x basis, in percent of per-token time.
-    pub explainable_pct: f64,
-    /// ours / oracle, per output token (warm, median).
-    pub per_token_ratio: Option<f64>,
-    /// |ratio - 1| x 100.
-    pub observed_gap_pct: Option<f64>,
-    /// The observed gap is larger than the clock could explain.
-    pub outside: Option<bool>,
-    pub sentence: String,
+pub struct ClockGate;
+
+/// How the record keeps a clock refusal: `{"refusal": "clock", "reason": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum ClockRefusal {
+    Clock { reason: ClockReason },
 }
 
-pub fn explain(offset_pct: f64, basis: f64, per_token_ratio: Option<f64>) -> ClockExplain {
-    let explainable_pct = offset_pct.abs() * basis;
-    let gap = per_token_ratio.map(|r| (r - 1.0).abs() * 100.0);
-    let outside = gap.map(|g| g > explainable_pct);
-    let sentence = match (per_token_ratio, gap) {
-        (Some(r), Some(g)) => format!(
-            "A median SM clock offset of {offset_pct:.2}% at a basis of {basis} point(s) of per-token time per point of clock could explain {explainable_pct:.2}% of per-token time; the observed per-token ratio is {r:.4} (a {g:.2}% gap), {} what the clock could explain.",
-            if g > explainable_pct { "outside" } else { "within" }
-        ),
-        _ => format!(
-            "A median SM clock offset of {offset_pct:.2}% at a basis of {basis} could explain {explainable_pct:.2}% of per-token time; there is no per-token ratio to set it against."
-        ),
-    };
-    ClockExplain {
-        median_offset_pct: offset_pct,
-        basis,
-        explainable_pct,
-        per_token_ratio,
-        observed_gap_pct: gap,
-        outside,
-        sentence,
+impl fmt::Display for ClockRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ClockRefusal::Clock { reason } = self;
+        write!(f, "{reason}")
     }
 }
-
-pub struct ClockGate;
 
 impl Gate for ClockGate {
     fn name(&self) -> &'static str {
         "clock"
+    }
+
+    /// The tokens were right: a GPU state that is not comparable concerns the times and rates
+    /// (the ratios), not whose figures they are.
+    fn scope(&self, _leg: Option<LegName>) -> Scope {
+        Scope::axes(Axes::Speed)
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
@@ -349,46 +327,29 @@ impl Gate for ClockGate {
         let (e, o) = match (side(LegName::Engine), side(LegName::Oracle)) {
             (Ok(e), Ok(o)) => (e, o),
             (Err(why), _) | (_, Err(why)) => {
-                return vec![GateResult::new(
-                    self.name(),
-                    None,
-                    Verdict::NotApplicable { reason: why },
-                )]
+                return vec![GateResult::not_applicable(self, None, why)]
             }
         };
         // A leg that never reached its battery has no window to judge; its failure is the
         // leg gate's refusal, and judging its load instead would only add noise.
         for leg in [LegName::Engine, LegName::Oracle] {
             if !input.leg(leg).measured() {
-                return vec![GateResult::new(
-                    self.name(),
+                return vec![GateResult::not_applicable(
+                    self,
                     None,
-                    Verdict::NotApplicable {
-                        reason: format!("the {leg} leg did not complete its battery"),
-                    },
+                    format!("the {leg} leg did not complete its battery"),
                 )];
             }
         }
         let reasons = compare(&e, &o, &cfg);
         if reasons.is_empty() {
-            return vec![GateResult::new(
-                self.name(),
-                None,
-                Verdict::Pass {
-                    text: pass_text(&e, &o),
-                },
-            )];
+            return vec![GateResult::pass(self, None, pass_text(&e, &o))];
         }
         reasons
             .into_iter()
             .map(|reason| {
-                GateResult::new(
-                    self.name(),
-                    reason_leg(&reason),
-                    Verdict::Refused {
-                        refusal: Refusal::Clock { reason },
-                    },
-                )
+                let leg = reason_leg(&reason);
+                GateResult::refused(self, leg, &ClockRefusal::Clock { reason })
             })
             .collect()
     }
@@ -410,7 +371,8 @@ fn reason_leg(r: &ClockReason) -> Option<LegName> {
     }
 }
 
-fn pass_text(a: &ClockSide, b: &ClockSide) -> String {
+/// What a comparable pair looked like, in words.
+pub fn pass_text(a: &ClockSide, b: &ClockSide) -> String {
     let one = |s: &ClockSide| {
         format!(
             "{} busy {:.1}%, SM median {:.0} MHz spread {:.2}%",
@@ -454,59 +416,23 @@ pub fn load_side(path: &Path) -> Result<(String, Option<String>, GpuSummary), St
     Ok((leg, boot, sampler::summary::summarize(&rows)))
 }
 
-/// `orchestrator clock compare A B`: one reason per line and exit 1, or exit 0 when comparable;
-/// 2 when a file cannot be read or holds no GPU data.
-pub fn compare_command(a: &Path, b: &Path, cfg: &ClockCfg) -> i32 {
-    let load = |p: &Path| {
-        load_side(p).map(|(leg, boot, sum)| {
-            // Two series of one kind of leg ("sample") are told apart by file name.
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            (format!("{leg} ({})", name.unwrap_or_default()), boot, sum)
-        })
-    };
-    let (sa, sb) = match (load(a), load(b)) {
-        (Ok(x), Ok(y)) => (x, y),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("orchestrator clock compare: {e}");
-            return 2;
-        }
-    };
-    fn side(s: &(String, Option<String>, GpuSummary)) -> ClockSide<'_> {
-        ClockSide {
-            leg: s.0.clone(),
-            boot_id: s.1.as_deref(),
-            summary: &s.2,
-        }
-    }
-    let (x, y) = (side(&sa), side(&sb));
-    println!("{}: {}", x.leg, x.summary);
-    println!("{}: {}", y.leg, y.summary);
-    if let Some(off) = median_offset_pct(x.summary, y.summary) {
-        println!("median_offset_pct {off:.3}");
-        println!("{}", explain(off, cfg.basis, None).sentence);
-    }
-    let reasons = compare(&x, &y, cfg);
-    if reasons.is_empty() {
-        println!("comparable: {}", pass_text(&x, &y));
-        return 0;
-    }
-    println!("NOT comparable: {} reason(s)", reasons.len());
-    for r in &reasons {
-        println!("{r}");
-    }
-    1
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::gates::testing::{judge as judge_gate, record, sampled};
+    use crate::gates::Verdict;
     use crate::legs::sampler::summary::summarize;
 
-    const BOOT: &str = "1c2d";
+    pub const BOOT: &str = "1c2d";
 
     /// A synthetic series: 200 polls 20 ms apart inside a battery window, with the given SM
     /// clock per poll, throttle bits, persistence, and utilization samples.
-    fn series(sm: impl Fn(usize) -> u32, throttle: u64, persist: bool, busy: usize) -> Vec<Row> {
+    pub fn series(
+        sm: impl Fn(usize) -> u32,
+        throttle: u64,
+        persist: bool,
+        busy: usize,
+    ) -> Vec<Row> {
         let t0 = 1_000_000u64;
         let mut rows = vec![Row::Phase {
             t_us: t0,
@@ -540,7 +466,7 @@ mod tests {
         rows
     }
 
-    fn clean() -> GpuSummary {
+    pub fn clean() -> GpuSummary {
         summarize(&series(|_| 1980, 0, true, 200))
     }
 
@@ -635,7 +561,8 @@ mod tests {
     }
 
     #[test]
-    fn a_median_clock_offset_is_refused_and_explains_little_of_a_large_gap() {
+    fn a_median_clock_offset_is_refused() {
+        // numbers/explain.rs: how little of a large gap the same offset explains.
         let slow = summarize(&series(|_| 1940, 0, true, 200));
         let r = judge(&slow, &clean(), BOOT);
         assert_eq!(r.len(), 1, "{r:?}");
@@ -644,12 +571,6 @@ mod tests {
             s.contains("-2.02%") && s.contains("1940") && s.contains("1980"),
             "{s}"
         );
-        let off = median_offset_pct(&slow, &clean()).unwrap();
-        let x = explain(off, 1.0, Some(718.2));
-        assert_eq!(x.outside, Some(true));
-        assert!((x.explainable_pct - 2.0202).abs() < 1e-3, "{x:?}");
-        // A 1% gap is within a 2% offset's reach.
-        assert_eq!(explain(off, 1.0, Some(1.01)).outside, Some(false));
     }
 
     #[test]
@@ -666,28 +587,25 @@ mod tests {
     }
 
     #[test]
-    fn compare_command_reads_two_series_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, rows: Vec<Row>| {
-            let p = dir.path().join(name);
-            let mut all = vec![Row::Meta {
-                leg: "sample".into(),
-                gpu: None,
-                no_gpu: None,
-                boot_id: Some(BOOT.into()),
-                nvml_period_ms: 20,
-                host_period_ms: 100,
-            }];
-            all.extend(rows);
-            sampler::write_series(&p, &all).unwrap();
-            p
-        };
-        let a = write("a.jsonl", series(|_| 1980, 0, true, 200));
-        let b = write("b.jsonl", series(|_| 1980, 0, true, 200));
-        let c = write("c.jsonl", series(|_| 1980, 0x4, false, 10));
-        let cfg = ClockCfg::default();
-        assert_eq!(compare_command(&a, &b, &cfg), 0);
-        assert_eq!(compare_command(&a, &c, &cfg), 1);
-        assert_eq!(compare_command(&a, &dir.path().join("none"), &cfg), 2);
+    fn the_clock_gate_passes_a_clean_pair_refuses_an_offset_and_is_not_applicable_without_a_gpu() {
+        let (e, o) = (sampled("engine", 1980), sampled("oracle", 1980));
+        let v = judge_gate(&ClockGate, &e, &o);
+        assert_eq!(v.len(), 1);
+        assert!(matches!(v[0].verdict, Verdict::Pass { .. }), "{:?}", v[0]);
+        let v = judge_gate(&ClockGate, &sampled("engine", 1900), &o);
+        assert_eq!(v.len(), 1);
+        assert!(
+            v[0].refusal()
+                .is_some_and(|r| r.to_string().contains("-4.04%")),
+            "{:?}",
+            v[0]
+        );
+        let mut cpu = record("engine");
+        cpu.sampler.no_gpu = Some("no GPU leased (the run holds the cpu lease)".into());
+        let v = judge_gate(&ClockGate, &cpu, &o);
+        assert_eq!(
+            v[0].sentence,
+            "not applicable: no GPU: no GPU leased (the run holds the cpu lease)"
+        );
     }
 }

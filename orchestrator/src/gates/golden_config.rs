@@ -1,12 +1,63 @@
 //! The golden config gate: a golden holds only for the oracle configuration it was captured
 //! under, so the oracle's `resolved` must equal the golden's `capture.resolved`.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
 
-use super::{token, ConfigDiff, Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::legs::leg::{LegName, LegRecord};
+use super::{token, Axes, Gate, GateInput, GateResult, Scope};
+use crate::legs::{LegName, LegRecord};
 use crate::unit::Golden;
+
+/// One key on which the oracle's configuration and the golden's capture differ.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConfigDiff {
+    pub key: String,
+    pub oracle: Option<Value>,
+    pub golden: Option<Value>,
+}
+
+impl fmt::Display for ConfigDiff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |v: &Option<Value>| match v {
+            Some(v) => v.to_string(),
+            None => "absent".into(),
+        };
+        write!(
+            f,
+            "{} (oracle {}, golden {})",
+            self.key,
+            show(&self.oracle),
+            show(&self.golden)
+        )
+    }
+}
+
+/// Why the oracle's configuration is refused. Display is the whole sentence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum GoldenConfigReason {
+    GoldenConfigDiffers {
+        golden: PathBuf,
+        diffs: Vec<ConfigDiff>,
+    },
+}
+
+impl fmt::Display for GoldenConfigReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let GoldenConfigReason::GoldenConfigDiffers { golden, diffs } = self;
+        let list: Vec<String> = diffs.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "The oracle ran under a configuration the golden {} was not captured under ({} key(s) differ: {}), so the oracle-vs-golden token check is recorded as not applicable. Hint: set [oracle.options] to the golden's capture config, recapture the golden under this one, or list a key that cannot matter in [gates] golden_config_ignore.",
+            golden.display(),
+            diffs.len(),
+            list.join("; ")
+        )
+    }
+}
 
 /// Numbers compare by value (1 equals 1.0); everything else structurally.
 fn same(a: &Value, b: &Value) -> bool {
@@ -74,38 +125,46 @@ impl Gate for GoldenConfigGate {
         "golden_config"
     }
 
+    /// It only recasts the oracle's token check, which no figure depends on.
+    fn scope(&self, _leg: Option<LegName>) -> Scope {
+        Scope::axes(Axes::None)
+    }
+
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
         let rec = input.leg(LegName::Oracle);
-        let verdict = if rec.ready.is_none() {
-            Verdict::NotApplicable {
-                reason: "the oracle leg never became ready, so its configuration is unknown".into(),
-            }
-        } else {
-            match token::golden_for(input, rec) {
-                Err(r) => Verdict::NotApplicable {
-                    reason: format!("no golden applies to the oracle ({r})"),
-                },
-                Ok((file, golden)) => {
-                    let d = diffs(rec, golden, &input.unit.config.gates.golden_config_ignore);
-                    if d.is_empty() {
-                        Verdict::Pass {
-                            text: format!(
-                                "the oracle's resolved config equals the capture config of {} ({} key(s))",
-                                file.display(),
-                                golden.capture.resolved.len()
-                            ),
-                        }
-                    } else {
-                        Verdict::Refused {
-                            refusal: Refusal::GoldenConfigDiffers {
-                                golden: file,
-                                diffs: d,
-                            },
-                        }
-                    }
-                }
+        if rec.ready.is_none() {
+            return vec![GateResult::not_applicable(
+                self,
+                None,
+                "the oracle leg never became ready, so its configuration is unknown".into(),
+            )];
+        }
+        let (file, golden) = match token::golden_for(input, rec) {
+            Ok(g) => g,
+            Err(r) => {
+                return vec![GateResult::not_applicable(
+                    self,
+                    None,
+                    format!("no golden applies to the oracle ({r})"),
+                )]
             }
         };
-        vec![GateResult::new(self.name(), None, verdict)]
+        let d = diffs(rec, golden, &input.unit.config.gates.golden_config_ignore);
+        if d.is_empty() {
+            return vec![GateResult::pass(
+                self,
+                None,
+                format!(
+                    "the oracle's resolved config equals the capture config of {} ({} key(s))",
+                    file.display(),
+                    golden.capture.resolved.len()
+                ),
+            )];
+        }
+        let reason = GoldenConfigReason::GoldenConfigDiffers {
+            golden: file,
+            diffs: d,
+        };
+        vec![GateResult::refused(self, None, &reason)]
     }
 }

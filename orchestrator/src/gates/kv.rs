@@ -1,27 +1,81 @@
 //! The kv gate: the two paged pools must hold the same number of tokens (within a tolerance of
 //! blocks), or the memory axes compare unlike things. The run resizes one leg first
-//! (`[gates] kv_match`); this gate judges the pools as they finally were.
+//! (`[gates] kv_match`, legs/pair.rs); this gate judges the pools as they finally were.
 
-use super::{Gate, GateInput, GateResult, Refusal, Verdict};
-use crate::legs::leg::LegName;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use super::scope::{AxisNote, KV_POOL, PEAK_GPU_MEMORY, PEAK_HOST_MEMORY};
+use super::{Axes, Gate, GateInput, GateResult, Scope};
 use crate::legs::protocol::Kv;
+use crate::legs::LegName;
 
-/// Pools within `tolerance_blocks` of the larger block size count as the same.
-pub fn matched(a: &Kv, b: &Kv, tolerance_blocks: u64) -> bool {
-    let slack = tolerance_blocks * a.block_size.max(b.block_size);
-    a.capacity_tokens.abs_diff(b.capacity_tokens) <= slack
+/// Why the pools are refused. Display is the whole sentence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum KvReason {
+    KvUnmatched {
+        engine: Box<Kv>,
+        oracle: Box<Kv>,
+        tolerance_blocks: u64,
+        resized: Option<String>,
+    },
 }
 
-/// Blocks of `block_size` needed to hold at least `capacity_tokens`.
-pub fn blocks_for(capacity_tokens: u64, block_size: u64) -> u64 {
-    capacity_tokens.div_ceil(block_size.max(1))
+impl fmt::Display for KvReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let KvReason::KvUnmatched {
+            engine,
+            oracle,
+            tolerance_blocks,
+            resized,
+        } = self;
+        write!(
+            f,
+            "The KV pools could not be matched: engine {} tokens ({} blocks of {}), oracle {} tokens ({} blocks of {}), {} apart against a tolerance of {} block(s)",
+            engine.capacity_tokens,
+            engine.num_blocks,
+            engine.block_size,
+            oracle.capacity_tokens,
+            oracle.num_blocks,
+            oracle.block_size,
+            engine.capacity_tokens.abs_diff(oracle.capacity_tokens),
+            tolerance_blocks
+        )?;
+        match resized {
+            Some(r) => write!(f, ", even after {r}")?,
+            None => write!(f, " ([gates] kv_match = \"off\", so no resize was tried)")?,
+        }
+        write!(
+            f,
+            "; the memory and KV axes are reported raw, not like-for-like. Hint: size the pools explicitly (engine num_blocks / kv_cache_memory, oracle num_gpu_blocks_override) to a capacity both block sizes divide."
+        )
+    }
 }
+
+const RAW: &str = "KV pools not matched: raw, not like-for-like";
 
 pub struct KvGate;
 
 impl Gate for KvGate {
     fn name(&self) -> &'static str {
         "kv"
+    }
+
+    /// Unlike pools make the memory axes unlike; the timings stand.
+    fn scope(&self, _leg: Option<LegName>) -> Scope {
+        let note = |axis: &str, note: &str| AxisNote {
+            axis: axis.into(),
+            note: note.into(),
+        };
+        Scope {
+            notes: vec![
+                note(PEAK_HOST_MEMORY, RAW),
+                note(KV_POOL, "could NOT be matched"),
+                note(PEAK_GPU_MEMORY, RAW),
+            ],
+            ..Scope::axes(Axes::Memory)
+        }
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
@@ -37,69 +91,30 @@ impl Gate for KvGate {
                 _ => {}
             }
         }
-        let verdict = if !missing.is_empty() {
-            Verdict::NotApplicable {
-                reason: missing.join("; "),
-            }
-        } else {
-            let e = input
-                .engine
-                .ready
-                .as_ref()
-                .and_then(|r| r.kv.clone())
-                .expect("checked above");
-            let o = input
-                .oracle
-                .ready
-                .as_ref()
-                .and_then(|r| r.kv.clone())
-                .expect("checked above");
-            if matched(&e, &o, tol) {
-                let how = input
-                    .kv_resize
-                    .map(|r| format!(", after {r}"))
-                    .unwrap_or_default();
-                Verdict::Pass {
-                    text: format!(
-                        "both pools hold the same tokens within {tol} block(s): engine {} ({} x {}), oracle {} ({} x {}){how}",
-                        e.capacity_tokens, e.num_blocks, e.block_size, o.capacity_tokens, o.num_blocks, o.block_size
-                    ),
-                }
-            } else {
-                Verdict::Refused {
-                    refusal: Refusal::KvUnmatched {
-                        engine: Box::new(e),
-                        oracle: Box::new(o),
-                        tolerance_blocks: tol,
-                        resized: input.kv_resize.map(str::to_string),
-                    },
-                }
-            }
+        let pool = |leg: LegName| input.leg(leg).ready.as_ref().and_then(|r| r.kv.clone());
+        let (Some(e), Some(o)) = (pool(LegName::Engine), pool(LegName::Oracle)) else {
+            return vec![GateResult::not_applicable(self, None, missing.join("; "))];
         };
-        vec![GateResult::new(self.name(), None, verdict)]
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn kv(bs: u64, n: u64) -> Kv {
-        Kv {
-            block_size: bs,
-            num_blocks: n,
-            capacity_tokens: bs * n,
-            bytes: None,
-            extra: Default::default(),
+        if e.within(&o, tol) {
+            let how = input
+                .kv_resize
+                .map(|r| format!(", after {r}"))
+                .unwrap_or_default();
+            return vec![GateResult::pass(
+                self,
+                None,
+                format!(
+                    "both pools hold the same tokens within {tol} block(s): engine {} ({} x {}), oracle {} ({} x {}){how}",
+                    e.capacity_tokens, e.num_blocks, e.block_size, o.capacity_tokens, o.num_blocks, o.block_size
+                ),
+            )];
         }
-    }
-
-    #[test]
-    fn within_one_block_of_the_larger_size() {
-        assert!(matched(&kv(16, 64), &kv(16, 65), 1));
-        assert!(!matched(&kv(16, 64), &kv(16, 66), 1));
-        assert!(matched(&kv(16, 33), &kv(512, 1), 1));
-        assert_eq!(blocks_for(1000, 16), 63);
-        assert_eq!(blocks_for(1024, 16), 64);
+        let reason = KvReason::KvUnmatched {
+            engine: Box::new(e),
+            oracle: Box::new(o),
+            tolerance_blocks: tol,
+            resized: input.kv_resize.map(str::to_string),
+        };
+        vec![GateResult::refused(self, None, &reason)]
     }
 }

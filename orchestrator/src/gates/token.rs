@@ -2,11 +2,115 @@
 //! every battery repeat and batch size, so a leg that matched once and diverged later cannot pass.
 
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::path::PathBuf;
 
-use super::{golden_config, Gate, GateInput, GateResult, Mismatch, Refusal, Verdict};
-use crate::legs::leg::{LegName, LegRecord, RequestKind};
+use super::{golden_config, Gate, GateInput, GateResult, Scope};
+use crate::legs::record::{LegName, LegRecord, RequestKind};
 use crate::unit::{Golden, Unit};
+use crate::util::fmt::{capitalise_first, fmt_num};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Mismatch {
+    pub prompt: String,
+    /// Which request showed it first: battery pass and batch size.
+    pub pass: u32,
+    pub batch: u32,
+    pub position: usize,
+    /// None: the leg stopped before this position.
+    pub got: Option<u32>,
+    pub want: u32,
+    pub margin: Option<f64>,
+    /// The golden's best other token there, where the golden records it.
+    #[serde(default)]
+    pub runner_up: Option<u32>,
+    /// The margin is under `near_tie_margin` and the leg took the golden's runner-up (or the
+    /// golden does not say which that was): what two correct implementations can differ by.
+    pub near_tie: bool,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let got = match self.got {
+            Some(t) => format!("got {t}"),
+            None => "got nothing (the leg stopped early)".into(),
+        };
+        write!(
+            f,
+            "prompt {} first differs at position {} (repeat {}, batch {}): {got}, golden {}",
+            self.prompt,
+            self.position,
+            self.pass + 1,
+            self.batch,
+            self.want
+        )?;
+        match (self.margin, self.near_tie, self.runner_up) {
+            (Some(m), true, None) => {
+                write!(f, ", at a recorded near-tie (golden margin {})", fmt_num(m))
+            }
+            (Some(m), true, Some(_)) => write!(
+                f,
+                ", at a recorded near-tie (golden margin {}), on the golden's runner-up",
+                fmt_num(m)
+            ),
+            (Some(m), false, Some(r)) if self.got != Some(r) => write!(
+                f,
+                ", not a near-tie (golden margin {}; the golden's runner-up there is {r}, not the \
+                 token the leg took)",
+                fmt_num(m)
+            ),
+            (Some(m), false, _) => write!(f, ", not a near-tie (golden margin {})", fmt_num(m)),
+            (None, _, _) => write!(f, ", no margin recorded there"),
+        }
+    }
+}
+
+/// Why a leg's tokens are refused. Display is the whole sentence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum TokenReason {
+    TokenMismatch {
+        leg: LegName,
+        summary: String,
+        golden: PathBuf,
+        mismatches: Vec<Mismatch>,
+    },
+    NoGolden {
+        leg: LegName,
+        device: String,
+        dtype: String,
+    },
+}
+
+impl fmt::Display for TokenReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenReason::TokenMismatch {
+                leg,
+                summary,
+                golden,
+                mismatches,
+            } => {
+                write!(
+                    f,
+                    "The {leg} leg's tokens do not match the golden {}: {summary}; its timings are printed but refused.",
+                    golden.display()
+                )?;
+                for m in mismatches {
+                    write!(f, " {}: {m}.", capitalise_first(leg.as_str()))?;
+                }
+                write!(
+                    f,
+                    " Hint: a mismatch at a near-tie is reduction-order noise that a golden captured on this device and dtype would absorb; one that is not is a correctness bug to bisect."
+                )
+            }
+            TokenReason::NoGolden { leg, device, dtype } => write!(
+                f,
+                "No [[golden]] in the unit applies to the {leg} leg (device {device}, dtype {dtype}), so its tokens could not be checked and its timings are refused. Hint: capture a golden on this device and dtype and add a [[golden]] entry for it."
+            ),
+        }
+    }
+}
 
 /// Grand totals of one leg against one golden.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -135,7 +239,7 @@ pub fn leg_device_dtype(unit: &Unit, leg: &LegRecord) -> (String, String) {
 pub fn golden_for<'a>(
     input: &'a GateInput,
     leg: &LegRecord,
-) -> Result<(PathBuf, &'a Golden), Refusal> {
+) -> Result<(PathBuf, &'a Golden), TokenReason> {
     let (device, dtype) = leg_device_dtype(input.unit, leg);
     input
         .unit
@@ -146,7 +250,7 @@ pub fn golden_for<'a>(
                 .get(&g.file)
                 .map(|gold| (g.file.clone(), gold))
         })
-        .ok_or(Refusal::NoGolden {
+        .ok_or(TokenReason::NoGolden {
             leg: leg.leg,
             device,
             dtype,
@@ -160,81 +264,82 @@ impl Gate for TokenGate {
         "token"
     }
 
+    /// Wrong tokens (or none checked) make the leg's timings not a measure of the model.
+    fn scope(&self, leg: Option<LegName>) -> Scope {
+        Scope::figures_of(leg)
+    }
+
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
-        let mut out = vec![];
-        let ids = input.prompt_ids;
-        for leg in [LegName::Engine, LegName::Oracle] {
-            let rec = input.leg(leg);
-            if !rec.measured() {
-                out.push(GateResult::new(
-                    self.name(),
-                    Some(leg),
-                    Verdict::NotApplicable {
-                        reason: format!("the {leg} leg did not complete its battery"),
-                    },
-                ));
-                continue;
-            }
-            let (file, golden) = match golden_for(input, rec) {
-                Ok(g) => g,
-                Err(r) => {
-                    out.push(GateResult::new(
-                        self.name(),
-                        Some(leg),
-                        Verdict::Refused { refusal: r },
-                    ));
-                    continue;
-                }
-            };
-            let c = &input.unit.config;
-            let t = tally(
-                rec,
-                ids,
-                golden,
-                c.battery.max_tokens,
-                c.gates.near_tie_margin,
+        [LegName::Engine, LegName::Oracle]
+            .into_iter()
+            .map(|leg| self.judge_leg(input, leg))
+            .collect()
+    }
+}
+
+impl TokenGate {
+    fn judge_leg(&self, input: &GateInput, leg: LegName) -> GateResult {
+        let rec = input.leg(leg);
+        if !rec.measured() {
+            return GateResult::not_applicable(
+                self,
+                Some(leg),
+                format!("the {leg} leg did not complete its battery"),
             );
-            // The oracle is judged against its golden only if it ran the golden's config.
-            let diffs = if leg == LegName::Oracle {
-                golden_config::diffs(rec, golden, &c.gates.golden_config_ignore)
-            } else {
-                vec![]
-            };
-            let verdict = if !diffs.is_empty() {
-                let keys: Vec<&str> = diffs.iter().map(|d| d.key.as_str()).collect();
-                Verdict::NotApplicable {
-                    reason: format!(
-                        "{} against {}, but the golden was captured under another oracle config (differing keys: {}), so the oracle-vs-golden check does not apply",
-                        t.summary(),
-                        file.display(),
-                        keys.join(", ")
-                    ),
-                }
-            } else if t.passed() {
-                Verdict::Pass {
-                    text: format!("{} against {}", t.summary(), file.display()),
-                }
-            } else {
-                Verdict::Refused {
-                    refusal: Refusal::TokenMismatch {
-                        leg,
-                        summary: t.summary(),
-                        golden: file,
-                        mismatches: t.mismatches.clone(),
-                    },
-                }
-            };
-            out.push(GateResult::new(self.name(), Some(leg), verdict));
         }
-        out
+        let (file, golden) = match golden_for(input, rec) {
+            Ok(g) => g,
+            Err(r) => return GateResult::refused(self, Some(leg), &r),
+        };
+        let c = &input.unit.config;
+        let t = tally(
+            rec,
+            input.prompt_ids,
+            golden,
+            c.battery.max_tokens,
+            c.gates.near_tie_margin,
+        );
+        // The oracle is judged against its golden only if it ran the golden's config.
+        let diffs = if leg == LegName::Oracle {
+            golden_config::diffs(rec, golden, &c.gates.golden_config_ignore)
+        } else {
+            vec![]
+        };
+        if !diffs.is_empty() {
+            let keys: Vec<&str> = diffs.iter().map(|d| d.key.as_str()).collect();
+            return GateResult::not_applicable(
+                self,
+                Some(leg),
+                format!(
+                    "{} against {}, but the golden was captured under another oracle config (differing keys: {}), so the oracle-vs-golden check does not apply",
+                    t.summary(),
+                    file.display(),
+                    keys.join(", ")
+                ),
+            );
+        }
+        if t.passed() {
+            return GateResult::pass(
+                self,
+                Some(leg),
+                format!("{} against {}", t.summary(), file.display()),
+            );
+        }
+        let reason = TokenReason::TokenMismatch {
+            leg,
+            summary: t.summary(),
+            golden: file,
+            mismatches: t.mismatches,
+        };
+        GateResult::refused(self, Some(leg), &reason)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::legs::leg::{PhaseTime, RequestRecord};
     use crate::legs::protocol::PromptResult;
+    use crate::legs::record::{PhaseTime, RequestRecord};
     use crate::legs::watchdog::Phase;
     use crate::unit::{GoldenCapture, GoldenOutput};
 

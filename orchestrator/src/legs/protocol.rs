@@ -15,6 +15,19 @@ pub struct Kv {
     pub extra: Map<String, Value>,
 }
 
+impl Kv {
+    /// Pools within `tolerance_blocks` of the larger block size count as the same.
+    pub fn within(&self, other: &Kv, tolerance_blocks: u64) -> bool {
+        let slack = tolerance_blocks * self.block_size.max(other.block_size);
+        self.capacity_tokens.abs_diff(other.capacity_tokens) <= slack
+    }
+}
+
+/// Blocks of `block_size` needed to hold at least `capacity_tokens`.
+pub fn blocks_for(capacity_tokens: u64, block_size: u64) -> u64 {
+    capacity_tokens.div_ceil(block_size.max(1))
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ready {
     pub load_s: f64,
@@ -226,6 +239,25 @@ pub const SHUTDOWN_LINE: &str = "{\"type\":\"shutdown\"}\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kv(bs: u64, n: u64) -> Kv {
+        Kv {
+            block_size: bs,
+            num_blocks: n,
+            capacity_tokens: bs * n,
+            bytes: None,
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn within_one_block_of_the_larger_size() {
+        assert!(kv(16, 64).within(&kv(16, 65), 1));
+        assert!(!kv(16, 64).within(&kv(16, 66), 1));
+        assert!(kv(16, 33).within(&kv(512, 1), 1));
+        assert_eq!(blocks_for(1000, 16), 63);
+        assert_eq!(blocks_for(1024, 16), 64);
+    }
 
     #[test]
     fn events_parse_and_problems_are_named() {

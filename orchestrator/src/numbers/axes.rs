@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::gates::GateResult;
+use crate::gates::scope::{KV_POOL, PEAK_GPU_MEMORY, PEAK_HOST_MEMORY};
+use crate::gates::{GateResult, Scope};
 use crate::legs::{LegName, LegRecord};
 use crate::numbers::timing::{median_of, Timings};
 use ::stats::median;
@@ -102,7 +103,29 @@ pub(crate) fn axis(
     }
 }
 
-/// The axes this issue measures, from both legs' records and timings.
+/// The axis whose ratio the A/A noise and the clock's explainable gap are set against.
+pub const PER_TOKEN: &str = "per output token";
+
+/// The per-token ratio ours / oracle, when both legs have one.
+pub fn per_token_ratio(axes: &[Axis]) -> Option<f64> {
+    axes.iter()
+        .find(|x| x.axis.starts_with(PER_TOKEN))
+        .and_then(|x| x.ratio)
+}
+
+/// Whether an axis is a speed (a time or a rate) and whether it is a size (memory or a pool),
+/// from its `better` as the record spells it and its name: what a refusal's `axes` scope
+/// (gates/scope.rs) concerns.
+pub fn kind_of(better: &str, name: &str) -> (bool, bool) {
+    let speed = matches!(better, "lower" | "higher");
+    let size = matches!(better, "less_memory" | "neither")
+        || name.contains("memory")
+        || name.contains("KV");
+    (speed, size)
+}
+
+/// The axes a run measures, from both legs' records and timings; the refusals among `gates`
+/// mark the figures and note the axes their scopes name.
 pub fn axes(
     engine: &LegRecord,
     oracle: &LegRecord,
@@ -110,24 +133,22 @@ pub fn axes(
     to: &Timings,
     gates: &[GateResult],
 ) -> Vec<Axis> {
-    let refused = |leg: LegName| {
-        gates
-            .iter()
-            .filter_map(GateResult::refusal)
-            .any(|r| r.refuses_timings_of() == Some(leg))
-    };
-    let kv_refused = gates
-        .iter()
-        .any(|g| g.gate == "kv" && g.refusal().is_some());
-    let mut v = vec![];
+    let mut v = timing_axes(te, to);
+    v.extend(resource_axes(engine, oracle));
+    withhold(&mut v, gates);
+    v
+}
+
+/// Per output token, output throughput at each batch size, time to first token.
+fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
     let n = te.per_token_s.len().max(to.per_token_s.len());
-    v.push(axis(
-        format!("per output token, warm (median, n={n})"),
+    let mut v = vec![axis(
+        format!("{PER_TOKEN}, warm (median, n={n})"),
         "s",
         Better::Lower,
         median_of(&te.per_token_s),
         median_of(&to.per_token_s),
-    ));
+    )];
     let mut batches: Vec<u32> = te
         .throughput_tok_s
         .keys()
@@ -152,96 +173,125 @@ pub fn axes(
         median_of(&te.ttft_s),
         median_of(&to.ttft_s),
     ));
-    let load = |l: &LegRecord| l.ready.as_ref().map(|r| r.load_s);
-    v.push(axis(
-        "load (to ready)".into(),
-        "s",
-        Better::Lower,
-        load(engine),
-        load(oracle),
-    ));
-    let mem =
-        |l: &LegRecord| (l.host_mem.samples > 0).then(|| l.host_mem.peak_rss_bytes as f64 / 1e6);
-    let mut m = axis(
-        "peak host memory".into(),
-        "MB",
-        Better::LessMemory,
-        mem(engine),
-        mem(oracle),
-    );
-    if kv_refused {
-        m.note = Some("KV pools not matched: raw, not like-for-like".into());
-    }
-    v.push(m);
-    let kv = |l: &LegRecord| {
-        l.ready
-            .as_ref()
-            .and_then(|r| r.kv.as_ref())
-            .map(|k| k.capacity_tokens as f64)
-    };
-    let mut k = axis(
-        "KV pool".into(),
-        "tokens",
-        Better::Neither,
-        kv(engine),
-        kv(oracle),
-    );
-    if kv_refused {
-        k.note = Some("could NOT be matched".into());
-    }
-    v.push(k);
-    // GPU axes from the sampler summaries: absent (no GPU) is "not measured", never zero.
-    let gsum = |l: &LegRecord| l.sampler.summary.clone();
-    let gpu_mem = |l: &LegRecord| {
-        gsum(l)
-            .and_then(|s| s.peak_gpu_mem_bytes)
-            .map(|b| b as f64 / 1e6)
-    };
-    let mut g = axis(
-        "peak GPU memory".into(),
-        "MB",
-        Better::LessMemory,
-        gpu_mem(engine),
-        gpu_mem(oracle),
-    );
+    v
+}
+
+/// Load time, peak host memory, the KV pool, and from the GPU sampler peak GPU memory and how
+/// busy the GPU was (absent without a GPU: "not measured", never zero).
+fn resource_axes(engine: &LegRecord, oracle: &LegRecord) -> Vec<Axis> {
+    let both = |f: &dyn Fn(&LegRecord) -> Option<f64>| (f(engine), f(oracle));
+    let (e, o) = both(&|l| l.ready.as_ref().map(|r| r.load_s));
+    let load = axis("load (to ready)".into(), "s", Better::Lower, e, o);
+    let (e, o) =
+        both(&|l| (l.host_mem.samples > 0).then(|| l.host_mem.peak_rss_bytes as f64 / 1e6));
+    let host = axis(PEAK_HOST_MEMORY.into(), "MB", Better::LessMemory, e, o);
+    let (e, o) = both(&|l| {
+        let kv = l.ready.as_ref().and_then(|r| r.kv.as_ref());
+        kv.map(|k| k.capacity_tokens as f64)
+    });
+    let pool = axis(KV_POOL.into(), "tokens", Better::Neither, e, o);
+    let summary = |l: &LegRecord| l.sampler.summary.clone();
+    let (e, o) = both(&|l| {
+        let bytes = summary(l).and_then(|s| s.peak_gpu_mem_bytes);
+        bytes.map(|b| b as f64 / 1e6)
+    });
+    let mut gpu = axis(PEAK_GPU_MEMORY.into(), "MB", Better::LessMemory, e, o);
     let by_device: Vec<String> = [engine, oracle]
         .iter()
-        .filter(|l| gsum(l).is_some_and(|s| s.peak_gpu_mem_source == "device above its first poll"))
+        .filter(|l| {
+            summary(l).is_some_and(|s| s.peak_gpu_mem_source == "device above its first poll")
+        })
         .map(|l| l.leg.to_string())
         .collect();
-    let mut notes = vec![];
-    if !by_device.is_empty() {
-        notes.push(format!(
+    gpu.note = (!by_device.is_empty()).then(|| {
+        format!(
             "{}: device memory above the leg's start (the driver named none of its processes)",
             by_device.join(", ")
-        ));
-    }
-    if kv_refused {
-        notes.push("KV pools not matched: raw, not like-for-like".into());
-    }
-    g.note = (!notes.is_empty()).then(|| notes.join("; "));
-    v.push(g);
-    let busy = |l: &LegRecord| gsum(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0);
-    let mut b = axis(
-        "GPU busy (battery)".into(),
-        "%",
-        Better::Neither,
-        busy(engine),
-        busy(oracle),
-    );
-    b.note = Some("share of driver utilization samples above 0%".into());
-    v.push(b);
+        )
+    });
+    let (e, o) = both(&|l| summary(l).and_then(|s| s.busy_fraction).map(|b| b * 100.0));
+    let mut busy = axis("GPU busy (battery)".into(), "%", Better::Neither, e, o);
+    busy.note = Some("share of driver utilization samples above 0%".into());
+    vec![load, host, pool, gpu, busy]
+}
+
+/// Marks the figures of each leg a refusal's scope names as refused (on every axis: shown,
+/// never presented as gated) and adds the notes the scopes write on named axes.
+fn withhold(axes: &mut [Axis], gates: &[GateResult]) {
+    let scopes: Vec<Scope> = gates.iter().filter_map(GateResult::withholds).collect();
+    let refused = |leg: LegName| scopes.iter().any(|s| s.timings_of.contains(&leg));
     let (re, ro) = (refused(LegName::Engine), refused(LegName::Oracle));
-    for a in &mut v {
+    for a in axes {
+        let mut notes: Vec<String> = a.note.take().into_iter().collect();
+        for s in &scopes {
+            notes.extend(s.notes_on(&a.axis).map(str::to_string));
+        }
+        a.note = (!notes.is_empty()).then(|| notes.join("; "));
         a.ours_refused = re;
         a.oracle_refused = ro;
     }
-    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gates::kv::{KvGate, KvReason};
+    use crate::gates::testing::sampled;
+    use crate::gates::token::{TokenGate, TokenReason};
+    use crate::legs::protocol::Kv;
+
+    #[test]
+    fn refusals_mark_the_figures_and_note_the_axes_their_scopes_name() {
+        let (e, o) = (sampled("engine", 1980), sampled("oracle", 1980));
+        let kv = |n: u64| {
+            Box::new(Kv {
+                block_size: 16,
+                num_blocks: n,
+                capacity_tokens: 16 * n,
+                bytes: None,
+                extra: Default::default(),
+            })
+        };
+        let refused = [
+            GateResult::refused(
+                &KvGate,
+                None,
+                &KvReason::KvUnmatched {
+                    engine: kv(64),
+                    oracle: kv(32),
+                    tolerance_blocks: 1,
+                    resized: None,
+                },
+            ),
+            GateResult::refused(
+                &TokenGate,
+                Some(LegName::Engine),
+                &TokenReason::NoGolden {
+                    leg: LegName::Engine,
+                    device: "cpu".into(),
+                    dtype: "float32".into(),
+                },
+            ),
+        ];
+        let t = Timings::default();
+        let v = axes(&e, &o, &t, &t, &refused);
+        let note = |name: &str| {
+            v.iter()
+                .find(|a| a.axis == name)
+                .and_then(|a| a.note.clone())
+        };
+        let raw = "KV pools not matched: raw, not like-for-like";
+        assert_eq!(note("peak host memory").as_deref(), Some(raw));
+        assert_eq!(note("KV pool").as_deref(), Some("could NOT be matched"));
+        assert_eq!(note("peak GPU memory").as_deref(), Some(raw));
+        assert_eq!(
+            note("GPU busy (battery)").as_deref(),
+            Some("share of driver utilization samples above 0%")
+        );
+        assert_eq!(note("load (to ready)"), None);
+        // The token gate's refusal of the engine marks our figures on every axis, not theirs.
+        assert!(v.iter().all(|a| a.ours_refused && !a.oracle_refused));
+    }
 
     #[test]
     fn words_say_who_is_faster_and_by_how_much() {

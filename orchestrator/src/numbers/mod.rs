@@ -2,6 +2,8 @@
 //! leg's A/A noise, and the statistics `compare` rests on.
 
 pub mod axes;
+pub mod explain;
 pub mod noise;
+pub mod regress;
 pub mod stats;
 pub mod timing;

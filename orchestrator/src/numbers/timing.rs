@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::legs::leg::{LegRecord, RequestKind};
+use crate::legs::record::{LegRecord, RequestKind};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Sample {

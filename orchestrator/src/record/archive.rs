@@ -9,6 +9,9 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::gates::{stored_scope, Scope};
+use crate::legs::LegName;
+use crate::numbers::axes::kind_of;
 use crate::record::SCHEMA;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -136,11 +139,14 @@ pub struct GateView {
     #[serde(default)]
     pub leg: Option<String>,
     pub verdict: String,
-    /// The refusal's tag (`token_mismatch`, `kv_unmatched`, ...), when refused.
+    /// The gate's reason, tagged by `refusal` (`token_mismatch`, `kv_unmatched`, ...).
     #[serde(default)]
     pub refusal: Option<Value>,
     #[serde(default)]
     pub sentence: String,
+    /// What the refusal withholds, where the record stores it (see [`GateView::withholds`]).
+    #[serde(default)]
+    pub scope: Option<Scope>,
 }
 
 impl GateView {
@@ -154,12 +160,19 @@ impl GateView {
             None => format!("the {} gate", self.gate),
         }
     }
-    pub fn refusal_tag(&self) -> &str {
-        self.refusal
-            .as_ref()
-            .and_then(|r| r.get("refusal"))
-            .and_then(Value::as_str)
-            .unwrap_or("")
+    /// What the refusal withholds: as stored, or, in a record written before scopes were
+    /// stored, what this orchestrator's gate of that name withholds.
+    pub fn withholds(&self) -> Scope {
+        self.scope
+            .clone()
+            .unwrap_or_else(|| stored_scope(&self.gate, self.leg_name()))
+    }
+    fn leg_name(&self) -> Option<LegName> {
+        match self.leg.as_deref() {
+            Some("engine") => Some(LegName::Engine),
+            Some("oracle") => Some(LegName::Oracle),
+            _ => None,
+        }
     }
 }
 
@@ -190,13 +203,12 @@ pub struct AxisView {
 impl AxisView {
     /// A speed axis: a time or a rate, where "faster" means something.
     pub fn is_speed(&self) -> bool {
-        matches!(self.better.as_str(), "lower" | "higher")
+        kind_of(&self.better, &self.axis).0
     }
-    /// Memory and pool sizes: what the kv gate's refusal concerns.
-    pub fn is_memory(&self) -> bool {
-        matches!(self.better.as_str(), "less_memory" | "neither")
-            || self.axis.contains("memory")
-            || self.axis.contains("KV")
+    /// Whether a refusal that withholds `scope` concerns this axis.
+    fn concerned_by(&self, scope: &Scope) -> bool {
+        let (speed, size) = kind_of(&self.better, &self.axis);
+        scope.axes.concern(speed, size)
     }
 }
 
@@ -418,22 +430,15 @@ impl RecordView {
             ),
         }
     }
-    /// The refused gates that concern `axis`, as the record states them. A refusal concerns an
-    /// axis unless it is about something else: the kv gate's about memory and pool sizes only,
-    /// the clock gate's (issue 5) about timings only, and a golden-config refusal only recasts
-    /// the oracle's token check, which no number depends on. With `engine_only`, refusals of
-    /// the oracle leg are left out (our absolute figures do not depend on the oracle's tokens).
+    /// The refused gates that concern `axis`: those whose scope names its kind (each gate
+    /// states what its refusal withholds, gates/scope.rs). With `engine_only`, refusals of the
+    /// oracle leg are left out (our absolute figures do not depend on the oracle's tokens).
     pub fn refusals_for(&self, axis: &AxisView, engine_only: bool) -> Vec<&GateView> {
         self.gates
             .iter()
             .filter(|g| g.refused())
-            .filter(|g| !(engine_only && g.leg.as_deref() == Some("oracle")))
-            .filter(|g| match (g.gate.as_str(), g.refusal_tag()) {
-                (_, "golden_config_differs") => false,
-                (_, "kv_unmatched") => axis.is_memory(),
-                ("clock", _) => axis.is_speed(),
-                _ => true,
-            })
+            .filter(|g| !(engine_only && g.leg_name() == Some(LegName::Oracle)))
+            .filter(|g| axis.concerned_by(&g.withholds()))
             .collect()
     }
     /// Whether `axis` is gated: no refusal concerns it and neither leg's figures are marked
@@ -488,6 +493,40 @@ mod tests {
         assert!(e.starts_with("it is not valid JSON"), "{e}");
         let e = parse(r#"{"unit": {}}"#).unwrap_err();
         assert!(e.contains("no numeric `schema`"), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_concerns_the_axes_its_scope_names_stored_or_derived() {
+        let axis = |name: &str, better: &str| serde_json::json!({"axis": name, "unit": "s", "better": better, "ratio": 2.0});
+        let rec = |gate: serde_json::Value| {
+            let text = serde_json::json!({"schema": 1, "unit": {"name": "u"},
+                "project": {"tree": "t"}, "gates": [gate],
+                "axes": [axis("per output token, warm", "lower"), axis("KV pool", "neither")]})
+            .to_string();
+            parse(&text).unwrap()
+        };
+        let concerned = |r: &RecordView| -> Vec<String> {
+            r.axes
+                .iter()
+                .filter(|a| !r.refusals_for(a, false).is_empty())
+                .map(|a| a.axis.clone())
+                .collect()
+        };
+        // Written before scopes were stored: the kv gate's refusal concerns the pool only.
+        let old = rec(
+            serde_json::json!({"gate": "kv", "leg": null, "verdict": "refused",
+            "refusal": {"refusal": "kv_unmatched"}, "sentence": "s"}),
+        );
+        assert_eq!(concerned(&old), vec!["KV pool"]);
+        // A stored scope is read as it is, whatever the gate's name.
+        let new = rec(serde_json::json!({"gate": "some_later_gate", "leg": null,
+            "verdict": "refused", "refusal": {"refusal": "x"}, "sentence": "s",
+            "scope": {"timings_of": [], "axes": "speed"}}));
+        assert_eq!(concerned(&new), vec!["per output token, warm"]);
+        // A gate this orchestrator does not know, with no scope: every axis.
+        let unknown = rec(serde_json::json!({"gate": "some_later_gate", "leg": null,
+            "verdict": "refused", "sentence": "s"}));
+        assert_eq!(concerned(&unknown).len(), 2);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! and ratio-history pictures.
 
 pub mod chart;
+pub mod compare;
+pub mod report;
+pub mod run;
 pub mod svg;
 pub mod table;
 pub mod timeline;

@@ -6,8 +6,8 @@ use crate::render::svg::esc;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::legs::leg::LegRecord;
 use crate::legs::sampler::{self, Row};
+use crate::legs::LegRecord;
 
 const W: f64 = 1000.0;
 const PANEL_H: f64 = 220.0;
@@ -200,9 +200,14 @@ pub fn render(legs: &[(&str, Vec<Row>, Option<String>)], refusals: &[String]) ->
     svg
 }
 
-/// Reads each leg's series (a leg without one gets an empty panel saying why) and writes the
-/// picture to `path`, never over an existing file.
-pub fn write(path: &Path, legs: &[&LegRecord], refusals: &[String]) -> std::io::Result<()> {
+/// Reads each leg's series (a leg without one gets an empty panel saying why; a series named
+/// relative is read under `dir`) and writes the picture to `path`, never over an existing file.
+pub fn write(
+    path: &Path,
+    dir: &Path,
+    legs: &[&LegRecord],
+    refusals: &[String],
+) -> std::io::Result<()> {
     let data: Vec<(&str, Vec<Row>, Option<String>)> = legs
         .iter()
         .map(|l| {
@@ -210,7 +215,7 @@ pub fn write(path: &Path, legs: &[&LegRecord], refusals: &[String]) -> std::io::
                 .sampler
                 .series
                 .as_deref()
-                .and_then(|p| sampler::read_series(p).ok())
+                .and_then(|p| sampler::read_series(&dir.join(p)).ok())
                 .unwrap_or_default();
             (l.leg.as_str(), rows, l.sampler.no_gpu.clone())
         })

@@ -13,7 +13,7 @@ pub mod host;
 pub mod nvml;
 pub mod summary;
 
-use crate::util::term::{outln, sayln};
+use crate::util::term::sayln;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -603,43 +603,6 @@ pub fn read_series(path: &Path) -> Result<Vec<Row>, String> {
                 .map_err(|e| format!("{} line {}: not a series row ({e})", path.display(), i + 1))
         })
         .collect()
-}
-
-/// `orchestrator clock sample`: samples GPU `gpu` (every process on it) for `seconds`, writes the
-/// series to `out` and prints the summary. Exit 0, or 2 when there is no GPU to sample.
-pub fn sample_command(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -> i32 {
-    let spec = SamplerSpec {
-        gpu: Some(gpu),
-        nvml_period_ms,
-        host_period_ms: 100,
-        series: Some(out.to_path_buf()),
-    };
-    // Opened here rather than in the sampler, so that "no GPU" is said once, as this error.
-    let g = match nvml::open(gpu) {
-        Ok(g) => g,
-        Err(why) => {
-            sayln!("orchestrator clock sample: {why}; nothing was sampled");
-            return 2;
-        }
-    };
-    let s = LegSampler::start_with("sample", None, &spec, Ok(g));
-    s.phase.set("sample");
-    std::thread::sleep(Duration::from_secs_f64(seconds.max(0.0)));
-    let done = s.finish();
-    match &done.report.series {
-        Some(p) => outln!("series: {}", p.display()),
-        None => return 2,
-    }
-    if let Some(sum) = &done.report.summary {
-        outln!("{sum}");
-    }
-    outln!(
-        "sampler cost: {:.3} s CPU over {:.1} s ({:.2}% of one core)",
-        done.report.cpu_s,
-        done.report.wall_s,
-        done.report.cpu_share * 100.0
-    );
-    0
 }
 
 #[cfg(test)]

@@ -1,0 +1,265 @@
+//! Both legs of one run under one lease: the idle check before each, the first leg run whole,
+//! the second loaded and, if its KV pool differs from the first's, restarted once sized to
+//! match (`[gates] kv_match`; the kv gate judges the result), then its battery. SIGINT or
+//! SIGTERM kills the running leg's process group and ends the run without a record.
+
+use std::path::{Path, PathBuf};
+
+use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
+use crate::legs::leg::LegRun;
+use crate::legs::protocol::{blocks_for, Kv};
+use crate::legs::record::{LegFailure, LegName, LegRecord};
+use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec};
+use crate::legs::watchdog::{self, Phase};
+use crate::unit::preflight::Checked;
+use crate::unit::KvMatch;
+
+/// Both legs as they ran, and what ran around them.
+pub struct Pair {
+    pub engine: LegRecord,
+    pub oracle: LegRecord,
+    /// The kv gate's resize, in words, when one was done.
+    pub kv_resize: Option<String>,
+    /// What the idle check said before each leg.
+    pub idle_checks: Vec<String>,
+    /// The lease held: its target and lock file.
+    pub lease: LeaseTarget,
+    pub lease_path: PathBuf,
+}
+
+/// How the lease is taken.
+pub struct LeaseOptions<'a> {
+    pub lock_dir: &'a Path,
+    pub wait: bool,
+}
+
+/// Takes the lease, runs both legs, gives the lease back. Err: the lease could not be taken,
+/// or the run was interrupted; nothing was measured that could be recorded.
+pub fn run(
+    checked: &Checked,
+    stem: &Path,
+    lease: &LeaseOptions,
+    quiet: bool,
+    idle: &dyn IdleCheck,
+) -> Result<Pair, String> {
+    let unit = &checked.unit;
+    let held = Lease::acquire(
+        lease_target(unit),
+        lease.lock_dir,
+        lease.wait,
+        &format!(
+            "orchestrator run {} ({})",
+            unit.config.name,
+            unit.path.display()
+        ),
+        quiet,
+    )
+    .map_err(|e| e.to_string())?;
+    if !quiet {
+        eprintln!(
+            "[lease] holding the {} lease ({})",
+            held.target.name(),
+            held.path.display()
+        );
+    }
+    let c = unit.config.battery.clone();
+    let ctx = Ctx {
+        checked,
+        stem,
+        plan: BatteryPlan {
+            prompts: checked.prompts.iter().map(|p| p.tokens.clone()).collect(),
+            max_tokens: c.max_tokens,
+            ignore_eos: c.ignore_eos,
+            warmup: c.warmup,
+            repeat: c.repeat,
+            batch_sizes: c.batch_sizes,
+        },
+        quiet,
+        lease: &held,
+        idle,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let legs = rt.block_on(async {
+        tokio::select! {
+            legs = ctx.legs() => Ok(legs),
+            sig = interrupted() => Err(sig),
+        }
+    });
+    drop(held);
+    legs.map_err(|sig| {
+        let killed = watchdog::kill_live_groups();
+        format!(
+            "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
+        )
+    })
+}
+
+/// A leg that was never started (the idle check refused it).
+fn not_started(spec: &LegSpec, why: String) -> LegRecord {
+    LegRecord {
+        failure: Some(LegFailure {
+            phase: Phase::Load,
+            kind: "idle".into(),
+            message: why,
+            stderr_tail: vec![],
+        }),
+        ..LegRecord::new(spec)
+    }
+}
+
+struct Ctx<'a> {
+    checked: &'a Checked,
+    stem: &'a Path,
+    plan: BatteryPlan,
+    quiet: bool,
+    lease: &'a Lease,
+    idle: &'a dyn IdleCheck,
+}
+
+impl Ctx<'_> {
+    fn spec(&self, leg: LegName, resize: Option<u64>, suffix: &str) -> LegSpec {
+        leg_spec(
+            self.checked,
+            leg,
+            self.stem,
+            &self.lease.target,
+            resize,
+            suffix,
+        )
+    }
+
+    /// The idle check before a leg; Err: the leg must not start.
+    fn idle_ok(&self, leg: LegName, notes: &mut Vec<String>) -> Result<(), String> {
+        match self.idle.check(self.lease) {
+            Ok(s) => {
+                notes.push(format!("before the {leg} leg: {s}"));
+                Ok(())
+            }
+            Err(s) => {
+                notes.push(format!("before the {leg} leg: refused: {s}"));
+                Err(s)
+            }
+        }
+    }
+
+    async fn full_leg(&self, leg: LegName, notes: &mut Vec<String>) -> LegRecord {
+        let spec = self.spec(leg, None, "");
+        if let Err(why) = self.idle_ok(leg, notes) {
+            return not_started(&spec, why);
+        }
+        let wd = &self.checked.unit.config.watchdog;
+        let mut run = LegRun::spawn(&spec, wd, self.quiet);
+        if run.load().await {
+            run.run_battery(&self.plan).await;
+        }
+        run.shutdown().await;
+        run.into_record()
+    }
+
+    /// The second leg: load, and if its pool differs from the first leg's, restart it sized to
+    /// match (once), then the battery.
+    async fn resizable_leg(
+        &self,
+        leg: LegName,
+        target: Option<&Kv>,
+        notes: &mut Vec<String>,
+    ) -> (LegRecord, Option<String>) {
+        let spec = self.spec(leg, None, "");
+        if let Err(why) = self.idle_ok(leg, notes) {
+            return (not_started(&spec, why), None);
+        }
+        let unit = &self.checked.unit.config;
+        let wd = &unit.watchdog;
+        let mut run = LegRun::spawn(&spec, wd, self.quiet);
+        let mut resize_note = None;
+        if run.load().await {
+            let mine = run.ready().and_then(|r| r.kv.clone());
+            if let (Some(t), Some(m)) = (target, mine) {
+                if !m.within(t, unit.gates.kv_tolerance_blocks) {
+                    let blocks = blocks_for(t.capacity_tokens, m.block_size);
+                    let note = resize_note_for(leg, blocks, &m, t);
+                    if !self.quiet {
+                        eprintln!("[{leg}] kv: {note}");
+                    }
+                    let prior = run.stop_for_restart(note.clone()).await;
+                    let spec2 = self.spec(leg, Some(blocks), "-resized");
+                    run = LegRun::spawn(&spec2, wd, self.quiet);
+                    run.record.prior_starts.push(prior);
+                    resize_note = Some(note);
+                    run.load().await;
+                }
+            }
+        }
+        if !run.failed() {
+            run.run_battery(&self.plan).await;
+        }
+        run.shutdown().await;
+        (run.into_record(), resize_note)
+    }
+
+    async fn legs(&self) -> Pair {
+        let kv_match = self.checked.unit.config.gates.kv_match;
+        let mut notes = vec![];
+        // The leg that gets resized runs second, once the other's pool is known.
+        let (first, second) = match kv_match {
+            KvMatch::Oracle => (LegName::Engine, LegName::Oracle),
+            KvMatch::Engine | KvMatch::Off => (LegName::Oracle, LegName::Engine),
+        };
+        let a = self.full_leg(first, &mut notes).await;
+        let target = if kv_match == KvMatch::Off {
+            None
+        } else {
+            a.ready.as_ref().and_then(|r| r.kv.clone())
+        };
+        let (b, kv_resize) = self
+            .resizable_leg(second, target.as_ref(), &mut notes)
+            .await;
+        let (engine, oracle) = if first == LegName::Engine {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        Pair {
+            engine,
+            oracle,
+            kv_resize,
+            idle_checks: notes,
+            lease: self.lease.target.clone(),
+            lease_path: self.lease.path.clone(),
+        }
+    }
+}
+
+/// The resize in words: which leg restarts with what, and why.
+fn resize_note_for(leg: LegName, blocks: u64, mine: &Kv, target: &Kv) -> String {
+    let (how, flag) = match leg {
+        LegName::Engine => ("the engine", format!("--num-blocks {blocks}")),
+        LegName::Oracle => ("the oracle", format!("num_gpu_blocks_override = {blocks}")),
+    };
+    let other = match leg {
+        LegName::Engine => LegName::Oracle,
+        LegName::Oracle => LegName::Engine,
+    };
+    format!(
+        "restarting {how} with {flag} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
+        mine.capacity_tokens, mine.num_blocks, mine.block_size, target.capacity_tokens
+    )
+}
+
+/// Resolves on SIGINT or SIGTERM with the signal's name (never, if handlers cannot be installed).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}

@@ -1,0 +1,209 @@
+//! One leg's process as the protocol sees it: lines to its stdin, events from its stdout, a
+//! request answered result by result, and every way that can go wrong ([`Fault`]).
+
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::legs::progress::Progress;
+use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
+use crate::legs::record::{RequestKind, RequestRecord};
+use crate::legs::spec::BatteryPlan;
+use crate::legs::watchdog::Phase;
+
+/// Why a phase stopped early (before it becomes a [`LegFailure`] with the stderr tail).
+#[derive(Debug)]
+pub(super) enum Fault {
+    Exited(Option<ExitStatus>),
+    BadLine(String, LineProblem),
+    ErrorEvent(ErrorEvent),
+    Protocol(String),
+    Io(String),
+}
+
+pub(super) fn status_code(s: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+}
+
+pub(super) fn describe_status(s: Option<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match s {
+        Some(s) if s.code().is_some() => format!("exited with status {}", s.code().unwrap_or(0)),
+        Some(s) => format!("was killed by signal {}", s.signal().unwrap_or(0)),
+        None => "closed its stdout".to_string(),
+    }
+}
+
+/// The last `n` lines of a log file (the leg's stderr).
+pub fn tail_lines(path: &Path, n: usize) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return vec![];
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
+}
+
+pub(super) struct LegProcess {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl LegProcess {
+    pub async fn send(&mut self, line: &str) -> Result<(), Fault> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(Fault::Protocol("stdin already closed".into()));
+        };
+        let r = async {
+            stdin.write_all(line.as_bytes()).await?;
+            stdin.flush().await
+        }
+        .await;
+        match r {
+            Ok(()) => Ok(()),
+            // The leg died: report how, not the broken pipe.
+            Err(_) => Err(Fault::Exited(self.reap_briefly().await)),
+        }
+    }
+
+    async fn reap_briefly(&mut self) -> Option<ExitStatus> {
+        tokio::time::timeout(Duration::from_secs(2), self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    async fn next_event(&mut self) -> Result<Event, Fault> {
+        match self.stdout.next_line().await {
+            Ok(Some(line)) => {
+                let line = line.trim_end_matches('\r').to_string();
+                protocol::parse_event(&line).map_err(|p| Fault::BadLine(line, p))
+            }
+            Ok(None) => Err(Fault::Exited(self.reap_briefly().await)),
+            Err(e) => Err(Fault::Io(e.to_string())),
+        }
+    }
+
+    pub async fn await_ready(&mut self) -> Result<Ready, Fault> {
+        match self.next_event().await? {
+            Event::Ready(r) => Ok(*r),
+            Event::Error(e) => Err(Fault::ErrorEvent(e)),
+            other => Err(Fault::Protocol(format!(
+                "sent {} before ready",
+                event_name(&other)
+            ))),
+        }
+    }
+
+    async fn request(
+        &mut self,
+        id: &str,
+        prompts: &[Vec<u32>],
+        max_tokens: u32,
+        ignore_eos: bool,
+        batch: u32,
+        prog: &mut Progress,
+    ) -> Result<(Vec<PromptResult>, f64), Fault> {
+        self.send(&protocol::generate_line(
+            id, prompts, max_tokens, ignore_eos, batch,
+        ))
+        .await?;
+        let mut results: Vec<Option<PromptResult>> = vec![None; prompts.len()];
+        loop {
+            match self.next_event().await? {
+                Event::Result(r) if r.id == id => {
+                    let i = r.index;
+                    match results.get_mut(i) {
+                        None => {
+                            return Err(Fault::Protocol(format!(
+                            "sent a result for index {i} of request {id:?}, which has {} prompt(s)",
+                            prompts.len()
+                        )))
+                        }
+                        Some(Some(_)) => {
+                            return Err(Fault::Protocol(format!(
+                                "sent two results for index {i} of request {id:?}"
+                            )))
+                        }
+                        Some(slot) => *slot = Some(r),
+                    }
+                    prog.tick(1);
+                }
+                Event::Done(d) if d.id == id => {
+                    let missing: Vec<usize> = results
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.is_none())
+                        .map(|(i, _)| i)
+                        .collect();
+                    if !missing.is_empty() {
+                        return Err(Fault::Protocol(format!(
+                            "sent done for request {id:?} without results for index(es) {missing:?}"
+                        )));
+                    }
+                    return Ok((results.into_iter().flatten().collect(), d.wall_s));
+                }
+                Event::Error(e) => return Err(Fault::ErrorEvent(e)),
+                other => {
+                    return Err(Fault::Protocol(format!(
+                        "sent {} while request {id:?} was being answered",
+                        event_name(&other)
+                    )))
+                }
+            }
+        }
+    }
+}
+
+fn event_name(e: &Event) -> String {
+    match e {
+        Event::Ready(_) => "a ready event".into(),
+        Event::Result(r) => format!("a result for request {:?}", r.id),
+        Event::Done(d) => format!("done for request {:?}", d.id),
+        Event::Error(_) => "an error event".into(),
+    }
+}
+
+pub(super) async fn run_passes(
+    p: &mut LegProcess,
+    plan: &BatteryPlan,
+    phase: Phase,
+    passes: u32,
+    done: &mut Vec<RequestRecord>,
+    prog: &mut Progress,
+) -> Result<(), Fault> {
+    let tag = match phase {
+        Phase::Warmup => "w",
+        _ => "r",
+    };
+    for pass in 0..passes {
+        for (kind, max_tokens, batch) in plan.pass() {
+            let id = match kind {
+                RequestKind::FirstToken => format!("{tag}{pass}-n1"),
+                RequestKind::Decode => format!("{tag}{pass}-n{max_tokens}"),
+                RequestKind::Batch => format!("{tag}{pass}-b{batch}"),
+            };
+            let (results, wall_s) = p
+                .request(&id, &plan.prompts, max_tokens, plan.ignore_eos, batch, prog)
+                .await?;
+            done.push(RequestRecord {
+                id,
+                phase,
+                pass,
+                kind,
+                batch,
+                max_tokens,
+                wall_s,
+                results,
+            });
+        }
+    }
+    Ok(())
+}
