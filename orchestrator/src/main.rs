@@ -1,3 +1,6 @@
+// A closed stdout or stderr must never panic a command: every line goes through util/term.rs.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,6 +5,8 @@ It speaks docs/PROTOCOL.md well enough to be benchmarked, and misbehaves on requ
 options come first as --name=value; every other argument (the engine's or the oracle's argv) is
 accepted and mostly ignored:
   --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail
+         |check-slow (the check sleeps 60 s)|sigstop-later (stops itself with SIGSTOP at its
+         4th request, once its pace is known)
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override
@@ -42,6 +44,9 @@ def main():
         else:
             rest.append(a)
     if "check" in rest:
+        if own.get("fault") == "check-slow":
+            print("checking slowly...", file=sys.stderr, flush=True)
+            time.sleep(60)
         if own.get("fault") == "check-fail":
             print("ok   python: 3.11")
             print("FAIL vllm: cannot import vllm (No module named 'vllm'); install oracle/requirements-vllm.txt")
@@ -77,10 +82,15 @@ def main():
         features["kv"] = "none: fake leg without a pool"
     send({"type": "ready", "load_s": time.perf_counter() - T0, "kv": kv, "features": features,
           "versions": {"fake": "1"}, "resolved": {"fake": True}, "pid": os.getpid(), "pids": pids})
+    served = 0
     for line in sys.stdin:
         req = json.loads(line)
         if req["type"] == "shutdown":
             break
+        served += 1
+        if fault == "sigstop-later" and served == 4:
+            print("stopping myself (SIGSTOP) on purpose", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if fault == "hang-generate":
             print("generating... (hanging on purpose)", file=sys.stderr, flush=True)
             while True:

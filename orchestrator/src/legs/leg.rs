@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::legs::process::{
-    describe_status, run_passes, status_code, tail_lines, Fault, LegProcess,
+    bounded, describe_status, run_passes, status_code, tail_lines, Fault, LegProcess, Pace,
 };
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{self, Ready};
@@ -17,12 +17,17 @@ use crate::legs::sampler::{LegSampler, SamplerSpec};
 use crate::legs::spec::{BatteryPlan, LegSpec};
 use crate::legs::watchdog::{self, Phase, WatchdogKill};
 use crate::unit::WatchdogCfg;
+use crate::util::child::{self, GroupGuard};
+use crate::util::interrupt;
+use crate::util::term::sayln;
 
 /// A leg in flight: its process (while alive) and everything recorded so far.
 pub struct LegRun {
     pub record: LegRecord,
     proc: Option<LegProcess>,
     pgid: Option<i32>,
+    /// Kills the leg's process group if the orchestrator dies (util/child.rs).
+    guard: Option<GroupGuard>,
     sampler: Option<LegSampler>,
     sampler_spec: SamplerSpec,
     started: Instant,
@@ -40,6 +45,7 @@ impl LegRun {
             record,
             proc: None,
             pgid: None,
+            guard: None,
             sampler: None,
             sampler_spec: spec.sampler.clone(),
             started: Instant::now(),
@@ -79,13 +85,15 @@ impl LegRun {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
+        // Dies with the orchestrator, and holds the lease's lock until it is gone.
+        child::tie_async(&mut cmd, spec.lease_fd);
         match cmd.spawn() {
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
                 let stdin = child.stdin.take();
                 let stdout = child.stdout.take().expect("stdout was piped");
                 run.pgid = Some(pid as i32);
-                watchdog::register_group(pid as i32);
+                run.guard = GroupGuard::start(pid as i32).ok();
                 let sampler = LegSampler::start(spec.leg.as_str(), Some(pid), &spec.sampler);
                 sampler.phase.set(Phase::Load.as_str());
                 run.sampler = Some(sampler);
@@ -93,6 +101,7 @@ impl LegRun {
                     child,
                     stdin,
                     stdout: BufReader::new(stdout).lines(),
+                    pace: Pace::new(wd.stall_factor, wd.stall_min_s),
                 });
             }
             Err(e) => {
@@ -126,7 +135,7 @@ impl LegRun {
         let prog = Progress::start(self.record.leg.as_str(), "load", 0, self.quiet);
         let deadline = Phase::Load.deadline(&self.wd);
         self.phase_started = self.started; // load counts from the process start
-        let r = tokio::time::timeout(deadline, p.await_ready()).await;
+        let r = bounded(deadline, p.await_ready()).await;
         match self.settle(Phase::Load, deadline, r).await {
             Some(ready) => {
                 let note = format!("ready (load_s {:.2} reported by the leg)", ready.load_s);
@@ -170,7 +179,7 @@ impl LegRun {
             let deadline = phase.deadline(&self.wd);
             self.phase_started = Instant::now();
             let mut done = vec![];
-            let r = tokio::time::timeout(
+            let r = bounded(
                 deadline,
                 run_passes(p, plan, phase, passes, &mut done, &mut prog),
             )
@@ -196,12 +205,20 @@ impl LegRun {
         self.mark(Phase::Shutdown);
         if let Some(mut p) = self.proc.take() {
             let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
-            let deadline = Phase::Shutdown.deadline(&self.wd);
+            // Interrupted: the leg still gets its shutdown, but only the grace period for it.
+            let was_interrupted = interrupt::pending().is_some();
+            let deadline = match was_interrupted {
+                true => watchdog::seconds(self.wd.grace_s).min(Phase::Shutdown.deadline(&self.wd)),
+                false => Phase::Shutdown.deadline(&self.wd),
+            };
             let started = Instant::now();
             // A leg that already died fails the send; its exit status is collected below.
             let _ = p.send(protocol::SHUTDOWN_LINE).await;
             p.stdin = None; // end of stdin means shutdown too
-            let r = tokio::time::timeout(deadline, p.child.wait()).await;
+            let r = tokio::select! {
+                r = tokio::time::timeout(deadline, p.child.wait()) => r.map_err(|_| ()),
+                _ = interrupt::wait(), if !was_interrupted => Err(()),
+            };
             let outcome = match r {
                 Ok(Ok(status)) => {
                     self.record.exit_status = Some(status_code(status));
@@ -225,7 +242,15 @@ impl LegRun {
                     );
                     "FAILED".into()
                 }
-                Err(_) => {
+                Err(()) if interrupt::pending().is_some() => {
+                    self.stop(
+                        Phase::Shutdown,
+                        Fault::Interrupted(interrupt::pending().unwrap_or("a signal")),
+                    )
+                    .await;
+                    "stopped: the run was interrupted".into()
+                }
+                Err(()) => {
                     self.watchdog_kill(Phase::Shutdown, deadline, started).await;
                     let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
                     if let Ok(Ok(s)) = status {
@@ -238,7 +263,9 @@ impl LegRun {
             self.record.phases.push(PhaseTime {
                 phase: Phase::Shutdown,
                 elapsed_s: el,
-                ok: !outcome.starts_with("FAILED") && !outcome.starts_with("killed"),
+                ok: !outcome.starts_with("FAILED")
+                    && !outcome.starts_with("killed")
+                    && !outcome.starts_with("stopped"),
             });
         }
         // The samplers stop once the leg has exited, so the series covers its shutdown.
@@ -273,7 +300,7 @@ impl LegRun {
                 );
                 for s in &found {
                     if !self.quiet {
-                        eprintln!(
+                        sayln!(
                             "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
                             self.record.leg,
                             s.pid,
@@ -288,16 +315,21 @@ impl LegRun {
         }
         if let Some(pgid) = self.pgid.take() {
             let found = watchdog::reap_stragglers(pgid, &announced);
-            watchdog::unregister_group(pgid);
             for s in &found {
                 if !self.quiet {
-                    eprintln!(
+                    sayln!(
                         "[{}] straggler: pid {} ({}) outlived its leg; killed",
-                        self.record.leg, s.pid, s.command
+                        self.record.leg,
+                        s.pid,
+                        s.command
                     );
                 }
             }
             self.record.stragglers.extend(found);
+        }
+        // Its group is empty now: the guard goes without killing anything.
+        if let Some(g) = self.guard.take() {
+            g.release();
         }
     }
 
@@ -315,38 +347,10 @@ impl LegRun {
         deadline: Duration,
         r: Result<Result<T, Fault>, tokio::time::error::Elapsed>,
     ) -> Option<T> {
-        let leg = self.record.leg;
         match r {
             Ok(Ok(v)) => Some(v),
             Ok(Err(fault)) => {
-                let (kind, msg) = match fault {
-                    Fault::Exited(s) => (
-                        "exited",
-                        format!("the {leg} leg {} during {phase}", describe_status(s)),
-                    ),
-                    Fault::BadLine(line, problem) => (
-                        "malformed_line",
-                        format!(
-                            "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
-                            crate::util::fmt::clip(&line, 300)
-                        ),
-                    ),
-                    Fault::ErrorEvent(e) => (
-                        "error_event",
-                        format!(
-                            "the {leg} leg sent an error event during {phase}: code {:?}: {}",
-                            e.code, e.message
-                        ),
-                    ),
-                    Fault::Protocol(m) => ("protocol", format!("the {leg} leg broke the protocol during {phase}: it {m}")),
-                    Fault::Io(m) => ("protocol", format!("reading the {leg} leg's stdout failed during {phase}: {m}")),
-                };
-                // The leg cannot be trusted to shut down now: stop the whole group.
-                if let Some(pgid) = self.pgid {
-                    let grace = Duration::from_secs_f64(self.wd.grace_s);
-                    watchdog::term_then_kill(pgid, grace).await;
-                }
-                self.fail(phase, kind, msg);
+                self.stop(phase, fault).await;
                 self.collect_exit().await;
                 None
             }
@@ -357,6 +361,68 @@ impl LegRun {
                 None
             }
         }
+    }
+
+    /// Records why the phase stopped and stops the whole group: the leg cannot be trusted to
+    /// shut down now.
+    async fn stop(&mut self, phase: Phase, fault: Fault) {
+        let leg = self.record.leg;
+        let (kind, msg) = match &fault {
+            Fault::Exited(s) => (
+                "exited",
+                format!("the {leg} leg {} during {phase}", describe_status(*s)),
+            ),
+            Fault::BadLine(line, problem) => (
+                "malformed_line",
+                format!(
+                    "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
+                    crate::util::fmt::clip(line, 300)
+                ),
+            ),
+            Fault::ErrorEvent(e) => (
+                "error_event",
+                format!(
+                    "the {leg} leg sent an error event during {phase}: code {:?}: {}",
+                    e.code, e.message
+                ),
+            ),
+            Fault::Protocol(m) => ("protocol", format!("the {leg} leg broke the protocol during {phase}: it {m}")),
+            Fault::Io(m) => ("protocol", format!("reading the {leg} leg's stdout failed during {phase}: {m}")),
+            Fault::Interrupted(sig) => (
+                "interrupted",
+                format!("the run was interrupted by {sig} during the {leg} leg's {phase}; the leg's process group was stopped"),
+            ),
+            Fault::Stalled { silent_s, bound_s, longest_s } => (
+                "stalled",
+                format!(
+                    "the {leg} leg sent nothing for {silent_s:.1} s during {phase}, past its progress deadline of {bound_s:.1} s (max of [watchdog] stall_min_s {:.0} s and stall_factor {} x its slowest interval between events so far, {longest_s:.3} s): it was stopped, deadlocked or swapping; raise stall_min_s or stall_factor if it legitimately pauses that long",
+                    self.wd.stall_min_s, self.wd.stall_factor
+                ),
+            ),
+        };
+        let signals = match self.pgid {
+            Some(pgid) => {
+                // A stopped (SIGSTOP) group takes no TERM until it runs again.
+                watchdog::signal_group(pgid, libc::SIGCONT);
+                watchdog::term_then_kill(pgid, watchdog::seconds(self.wd.grace_s)).await
+            }
+            None => vec![],
+        };
+        if let Fault::Stalled {
+            silent_s, bound_s, ..
+        } = fault
+        {
+            self.record.watchdog = Some(WatchdogKill {
+                phase,
+                deadline_s: bound_s,
+                ran_s: silent_s,
+                signals,
+            });
+            if !self.quiet {
+                sayln!("[{leg}] {msg}");
+            }
+        }
+        self.fail(phase, kind, msg);
     }
 
     async fn collect_exit(&mut self) {
@@ -372,7 +438,7 @@ impl LegRun {
 
     async fn watchdog_kill(&mut self, phase: Phase, deadline: Duration, started: Instant) {
         let leg = self.record.leg;
-        let grace = Duration::from_secs_f64(self.wd.grace_s);
+        let grace = watchdog::seconds(self.wd.grace_s);
         let signals = match self.pgid {
             Some(pgid) => watchdog::term_then_kill(pgid, grace).await,
             None => vec![],
@@ -390,7 +456,7 @@ impl LegRun {
             if signals.is_empty() { "nothing, the group was gone".to_string() } else { signals.join(" then ") }
         );
         if !self.quiet {
-            eprintln!("[{leg}] {msg}");
+            sayln!("[{leg}] {msg}");
         }
         self.record.watchdog = Some(kill);
         self.fail(phase, "watchdog", msg);

@@ -1,7 +1,7 @@
 //! Both legs of one run under one lease: the idle check before each, the first leg run whole,
 //! the second loaded and, if its KV pool differs from the first's, restarted once sized to
-//! match (`[gates] kv_match`; the kv gate judges the result), then its battery. SIGINT or
-//! SIGTERM kills the running leg's process group and ends the run without a record.
+//! match (`[gates] kv_match`; the kv gate judges the result), then its battery. SIGINT, SIGTERM
+//! or SIGHUP stops the running leg (its failure says so) and starts no other.
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +10,11 @@ use crate::legs::leg::LegRun;
 use crate::legs::protocol::{blocks_for, Kv};
 use crate::legs::record::{LegFailure, LegName, LegRecord};
 use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec};
-use crate::legs::watchdog::{self, Phase};
+use crate::legs::watchdog::Phase;
 use crate::unit::preflight::Checked;
 use crate::unit::KvMatch;
+use crate::util::interrupt;
+use crate::util::term::sayln;
 
 /// Both legs as they ran, and what ran around them.
 pub struct Pair {
@@ -25,6 +27,15 @@ pub struct Pair {
     /// The lease held: its target and lock file.
     pub lease: LeaseTarget,
     pub lease_path: PathBuf,
+    /// The signal that interrupted the run (the running leg was stopped, no other started).
+    pub interrupted: Option<&'static str>,
+}
+
+impl Pair {
+    /// Either leg completed its battery: there are numbers to record.
+    pub fn measured(&self) -> bool {
+        self.engine.measured() || self.oracle.measured()
+    }
 }
 
 /// How the lease is taken.
@@ -33,15 +44,9 @@ pub struct LeaseOptions<'a> {
     pub wait: bool,
 }
 
-/// Takes the lease, runs both legs, gives the lease back. Err: the lease could not be taken,
-/// or the run was interrupted; nothing was measured that could be recorded.
-pub fn run(
-    checked: &Checked,
-    stem: &Path,
-    lease: &LeaseOptions,
-    quiet: bool,
-    idle: &dyn IdleCheck,
-) -> Result<Pair, String> {
+/// Takes the run's lease, waiting for it unless `wait` is false; Err says why not (busy, a
+/// lock directory that cannot be written, or SIGINT/SIGTERM/SIGHUP while waiting).
+pub fn take_lease(checked: &Checked, lease: &LeaseOptions, quiet: bool) -> Result<Lease, String> {
     let unit = &checked.unit;
     let held = Lease::acquire(
         lease_target(unit),
@@ -56,13 +61,26 @@ pub fn run(
     )
     .map_err(|e| e.to_string())?;
     if !quiet {
-        eprintln!(
+        sayln!(
             "[lease] holding the {} lease ({})",
             held.target.name(),
             held.path.display()
         );
     }
-    let c = unit.config.battery.clone();
+    Ok(held)
+}
+
+/// Runs both legs under `held`, each tied to the orchestrator and holding the lease's lock.
+/// SIGINT, SIGTERM or SIGHUP stops the running leg (its failure says so) and starts no other;
+/// `Pair::interrupted` names the signal. Err: the async runtime could not start.
+pub fn run(
+    checked: &Checked,
+    stem: &Path,
+    held: &Lease,
+    quiet: bool,
+    idle: &dyn IdleCheck,
+) -> Result<Pair, String> {
+    let c = checked.unit.config.battery.clone();
     let ctx = Ctx {
         checked,
         stem,
@@ -75,34 +93,23 @@ pub fn run(
             batch_sizes: c.batch_sizes,
         },
         quiet,
-        lease: &held,
+        lease: held,
         idle,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let legs = rt.block_on(async {
-        tokio::select! {
-            legs = ctx.legs() => Ok(legs),
-            sig = interrupted() => Err(sig),
-        }
-    });
-    drop(held);
-    legs.map_err(|sig| {
-        let killed = watchdog::kill_live_groups();
-        format!(
-            "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
-        )
-    })
+    Ok(rt.block_on(ctx.legs()))
 }
 
-/// A leg that was never started (the idle check refused it).
-fn not_started(spec: &LegSpec, why: String) -> LegRecord {
+/// A leg that was never started: the idle check refused it (`idle`), or the run was
+/// interrupted before it (`interrupted`).
+fn not_started(spec: &LegSpec, kind: &str, why: String) -> LegRecord {
     LegRecord {
         failure: Some(LegFailure {
             phase: Phase::Load,
-            kind: "idle".into(),
+            kind: kind.into(),
             message: why,
             stderr_tail: vec![],
         }),
@@ -121,18 +128,27 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn spec(&self, leg: LegName, resize: Option<u64>, suffix: &str) -> LegSpec {
-        leg_spec(
-            self.checked,
-            leg,
-            self.stem,
-            &self.lease.target,
-            resize,
-            suffix,
-        )
+        LegSpec {
+            lease_fd: Some(self.lease.fd()),
+            ..leg_spec(
+                self.checked,
+                leg,
+                self.stem,
+                &self.lease.target,
+                resize,
+                suffix,
+            )
+        }
     }
 
-    /// The idle check before a leg; Err: the leg must not start.
-    fn idle_ok(&self, leg: LegName, notes: &mut Vec<String>) -> Result<(), String> {
+    /// The idle check before a leg; Err(kind, why): the leg must not start.
+    fn idle_ok(&self, leg: LegName, notes: &mut Vec<String>) -> Result<(), (&'static str, String)> {
+        if let Some(sig) = interrupt::pending() {
+            return Err((
+                "interrupted",
+                format!("the run was interrupted by {sig} before the {leg} leg started"),
+            ));
+        }
         match self.idle.check(self.lease) {
             Ok(s) => {
                 notes.push(format!("before the {leg} leg: {s}"));
@@ -140,15 +156,15 @@ impl Ctx<'_> {
             }
             Err(s) => {
                 notes.push(format!("before the {leg} leg: refused: {s}"));
-                Err(s)
+                Err(("idle", s))
             }
         }
     }
 
     async fn full_leg(&self, leg: LegName, notes: &mut Vec<String>) -> LegRecord {
         let spec = self.spec(leg, None, "");
-        if let Err(why) = self.idle_ok(leg, notes) {
-            return not_started(&spec, why);
+        if let Err((kind, why)) = self.idle_ok(leg, notes) {
+            return not_started(&spec, kind, why);
         }
         let wd = &self.checked.unit.config.watchdog;
         let mut run = LegRun::spawn(&spec, wd, self.quiet);
@@ -168,8 +184,8 @@ impl Ctx<'_> {
         notes: &mut Vec<String>,
     ) -> (LegRecord, Option<String>) {
         let spec = self.spec(leg, None, "");
-        if let Err(why) = self.idle_ok(leg, notes) {
-            return (not_started(&spec, why), None);
+        if let Err((kind, why)) = self.idle_ok(leg, notes) {
+            return (not_started(&spec, kind, why), None);
         }
         let unit = &self.checked.unit.config;
         let wd = &unit.watchdog;
@@ -178,11 +194,11 @@ impl Ctx<'_> {
         if run.load().await {
             let mine = run.ready().and_then(|r| r.kv.clone());
             if let (Some(t), Some(m)) = (target, mine) {
-                if !m.within(t, unit.gates.kv_tolerance_blocks) {
+                if !m.within(t, unit.gates.kv_tolerance_blocks) && interrupt::pending().is_none() {
                     let blocks = blocks_for(t.capacity_tokens, m.block_size);
                     let note = resize_note_for(leg, blocks, &m, t);
                     if !self.quiet {
-                        eprintln!("[{leg}] kv: {note}");
+                        sayln!("[{leg}] kv: {note}");
                     }
                     let prior = run.stop_for_restart(note.clone()).await;
                     let spec2 = self.spec(leg, Some(blocks), "-resized");
@@ -229,6 +245,7 @@ impl Ctx<'_> {
             idle_checks: notes,
             lease: self.lease.target.clone(),
             lease_path: self.lease.path.clone(),
+            interrupted: interrupt::pending(),
         }
     }
 }
@@ -247,19 +264,4 @@ fn resize_note_for(leg: LegName, blocks: u64, mine: &Kv, target: &Kv) -> String 
         "restarting {how} with {flag} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
         mine.capacity_tokens, mine.num_blocks, mine.block_size, target.capacity_tokens
     )
-}
-
-/// Resolves on SIGINT or SIGTERM with the signal's name (never, if handlers cannot be installed).
-async fn interrupted() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
-    }
 }

@@ -1,38 +1,12 @@
-//! Writing a record: a stem no other run took, files written atomically and never over an
-//! existing one, and the paths of the files beside the record named relative to it.
+//! Writing a record: files written atomically and never over an existing one (the stem is
+//! claimed by record/claim.rs), and the paths of the files beside the record named relative to
+//! it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::Record;
 use crate::legs::LegRecord;
-
-/// `<dir>/<stamp>-<tree8>` with a numeric suffix if a record or log of that stem exists, so two
-/// runs in one second never share files.
-pub fn choose_stem(dir: &Path, stamp: &str, tree: &str) -> PathBuf {
-    let tree8: String = tree.chars().take(8).collect();
-    let base = format!("{stamp}-{tree8}");
-    for i in 0.. {
-        let stem = if i == 0 {
-            base.clone()
-        } else {
-            format!("{base}-{i}")
-        };
-        let taken = std::fs::read_dir(dir)
-            .map(|rd| {
-                rd.flatten().any(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{stem}."))
-                })
-            })
-            .unwrap_or(false);
-        if !taken {
-            return dir.join(stem);
-        }
-    }
-    unreachable!("the loop returns")
-}
 
 /// Writes `bytes` to `path` atomically and never over an existing file: a temporary file in the
 /// same directory, fsync, then a hard link to the final name (link fails if the name exists,
@@ -120,16 +94,5 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("r.json")]);
-    }
-
-    #[test]
-    fn stems() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = choose_stem(dir.path(), "S", "0123456789ab");
-        assert_eq!(a.file_name().unwrap(), "S-01234567");
-        std::fs::write(a.with_extension("json"), "x").unwrap();
-        std::fs::write(dir.path().join("S-01234567.engine.log"), "x").unwrap();
-        let b = choose_stem(dir.path(), "S", "0123456789ab");
-        assert_eq!(b.file_name().unwrap(), "S-01234567-1");
     }
 }

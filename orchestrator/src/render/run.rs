@@ -114,6 +114,9 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     for l in &rec.lease.idle_checks {
         line(format!("idle: {l}"));
     }
+    if let Some(how) = &rec.interrupted {
+        line(format!("\nINTERRUPTED {how}"));
+    }
     if !rec.refusals.is_empty() {
         line(format!("\nRefusals ({}):", rec.refusals.len()));
         rec.refusals.iter().for_each(|r| line(format!("- {r}")));
@@ -174,6 +177,9 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
     for g in &rec.gates {
         s.push_str(&gate_line(g, Format::Markdown));
         s.push('\n');
+    }
+    if let Some(how) = &rec.interrupted {
+        s.push_str(&format!("\n**Interrupted** {how}.\n"));
     }
     s.push_str(&closing(rec));
     s

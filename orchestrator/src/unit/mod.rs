@@ -269,6 +269,12 @@ pub struct WatchdogCfg {
     /// Seconds between SIGTERM and SIGKILL of a leg's process group.
     #[serde(default = "default_grace_s")]
     pub grace_s: f64,
+    /// The progress deadline: once a leg has answered, it is stopped if it then emits nothing
+    /// for max(stall_min_s, stall_factor x the longest interval between its events so far).
+    #[serde(default = "default_stall_factor")]
+    pub stall_factor: f64,
+    #[serde(default = "default_stall_min_s")]
+    pub stall_min_s: f64,
 }
 
 impl Default for WatchdogCfg {
@@ -279,6 +285,8 @@ impl Default for WatchdogCfg {
             battery_s: default_battery_s(),
             shutdown_s: default_shutdown_s(),
             grace_s: default_grace_s(),
+            stall_factor: default_stall_factor(),
+            stall_min_s: default_stall_min_s(),
         }
     }
 }
@@ -357,6 +365,12 @@ fn default_shutdown_s() -> f64 {
 }
 fn default_grace_s() -> f64 {
     5.0
+}
+fn default_stall_factor() -> f64 {
+    10.0
+}
+fn default_stall_min_s() -> f64 {
+    60.0
 }
 
 /// The longest deadline the watchdog takes, in seconds (a week): beyond it a number is a typo,
@@ -472,6 +486,7 @@ impl Unit {
             ("battery_s", c.watchdog.battery_s),
             ("shutdown_s", c.watchdog.shutdown_s),
             ("grace_s", c.watchdog.grace_s),
+            ("stall_min_s", c.watchdog.stall_min_s),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= MAX_DEADLINE_S) {
                 return Err(err(
@@ -481,6 +496,13 @@ impl Unit {
                     ),
                 ));
             }
+        }
+        let f = c.watchdog.stall_factor;
+        if !(1.0..=1000.0).contains(&f) {
+            return Err(err(
+                p,
+                format!("watchdog.stall_factor = {f}: it multiplies a leg's slowest interval between events, so 1 to 1000"),
+            ));
         }
         for (name, v, min) in [
             ("nvml_period_ms", c.sampler.nvml_period_ms, 1),
