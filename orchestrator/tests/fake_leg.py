@@ -6,7 +6,8 @@ options come first as --name=value; every other argument (the engine's or the or
 accepted and mostly ignored:
   --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail
          |check-slow (the check sleeps 60 s)|sigstop-later (stops itself with SIGSTOP at its
-         4th request, once its pace is known)
+         4th request, once its pace is known)|fuzz-events (each event it sends is mutated
+         with probability 1/4, from --seed=N: tests/hostile's protocol fuzzing)
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override
@@ -36,7 +37,7 @@ def main():
     rest = []
     for a in sys.argv[1:]:
         if a.startswith("--") and "=" in a and a.split("=")[0][2:] in (
-            "fault", "kv", "backend", "degraded"):
+            "fault", "kv", "backend", "degraded", "seed"):
             k, v = a[2:].split("=", 1)
             own[k] = v
         elif a in ("--ignore-term", "--resizable"):
@@ -54,6 +55,10 @@ def main():
         print("ok   fake oracle check")
         return 0
     fault = own.get("fault", "none")
+    if fault == "fuzz-events":
+        import random
+        global FUZZ
+        FUZZ = random.Random(int(own.get("seed", "0")))
     if own.get("ignore-term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -119,7 +124,45 @@ def main():
     return 0
 
 
+FUZZ = None  # a random.Random when --fault=fuzz-events
+
+
+def mutate(obj, rng):
+    """One hostile change to an event, as bytes: a field dropped, retyped, made huge or
+    negative, an unknown field, the type changed, garbage, a truncated or non-UTF-8 line."""
+    obj = dict(obj)
+    keys = [k for k in obj if k != "type"]
+    k = rng.choice(keys) if keys else "type"
+    nasty = [None, -1, 2**64, -2**63, 1e308, "x", "", [], {}, [[1]], True, "\u0000", "é" * 50]
+    r = rng.randrange(10)
+    if r == 0:
+        obj.pop(k, None)
+    elif r == 1:
+        obj[k] = rng.choice(nasty)
+    elif r == 2:
+        obj["unexpected_" + str(rng.randrange(100))] = 1
+    elif r == 3:
+        obj["type"] = rng.choice(["ready", "result", "done", "error", "verified", "progress", 7, None])
+    elif r == 4:
+        return b"not json at all\n"
+    elif r == 5:
+        return json.dumps(obj).encode()[: rng.randrange(1, 40)] + b"\n"
+    elif r == 6:
+        return b"\xff\xfe" + json.dumps(obj).encode() + b"\n"
+    elif r == 7:
+        return (json.dumps([obj]) + "\n").encode()
+    elif r == 8:
+        return (json.dumps(obj) + "\n").encode() * 2
+    else:
+        obj[k] = [obj.get(k)] * rng.randrange(0, 3)
+    return (json.dumps(obj) + "\n").encode()
+
+
 def send(obj):
+    if FUZZ is not None and FUZZ.randrange(4) == 0:
+        sys.stdout.buffer.write(mutate(obj, FUZZ))
+        sys.stdout.buffer.flush()
+        return
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
