@@ -82,6 +82,25 @@ def _probe_worker(worker) -> dict:
     return out
 
 
+# Which GPU the orchestrator's lease holds (docs/PROTOCOL.md, the leg's environment).
+LEASED_GPU_ENV = "LLM_BENCH_LEASED_GPU"
+# The option that sizes the pool in blocks: named in ready.kv.resize_option, so that the
+# orchestrator's kv gate can resize this leg through its own options.
+RESIZE_OPTION = "num_gpu_blocks_override"
+
+
+def visible_gpu(device: str, environ) -> str | None:
+    """The CUDA_VISIBLE_DEVICES to set before CUDA starts, or None to leave it: vLLM runs on "the
+    visible GPU", so the leased GPU (LLM_BENCH_LEASED_GPU, set by the orchestrator) is made the
+    visible one; outside a run, `--device cuda:N` does it unless the caller already chose."""
+    leased = environ.get(LEASED_GPU_ENV)
+    if leased is not None:
+        return leased
+    if ":" in device and "CUDA_VISIBLE_DEVICES" not in environ:
+        return device.split(":", 1)[1]
+    return None
+
+
 class VllmBackend(Backend):
     name = "vllm"
 
@@ -91,9 +110,10 @@ class VllmBackend(Backend):
         self.degraded: list[str] = []
         if not device.startswith("cuda"):
             raise LoadError(f"--backend vllm runs on a GPU; device {device!r} is not cuda[:N]")
-        if ":" in device and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        visible = visible_gpu(device, os.environ)
+        if visible is not None:
             # Must happen before torch initialises CUDA: vLLM uses the first visible device.
-            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
         # Offline box: never reach for a hub; usage stats off (set here only when unset).
         for var, val in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"),
                          ("DO_NOT_TRACK", "1")):
@@ -193,7 +213,8 @@ class VllmBackend(Backend):
             kv_bytes = probe.get("kv_bytes")
             if kv_bytes is None:
                 kv_bytes = self._kv_bytes_formula(model_cfg, vc, cache, num_blocks * block_size)
-            self.kv = {"block_size": block_size, "num_blocks": num_blocks, "capacity_tokens": cap, "bytes": kv_bytes}
+            self.kv = {"block_size": block_size, "num_blocks": num_blocks, "capacity_tokens": cap, "bytes": kv_bytes,
+                       "resize_option": RESIZE_OPTION}
             reported = getattr(cache, "kv_cache_size_tokens", None)
             if isinstance(reported, int) and reported != cap:
                 self.kv["vllm_reported_tokens"] = reported  # hybrid models: group-aware figure

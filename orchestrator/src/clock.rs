@@ -1,15 +1,14 @@
 //! `orchestrator clock sample` and `clock compare`: the GPU clock state on its own, on saved
-//! series (a run's `<stem>.<leg>.samples.jsonl`, or what `clock sample` wrote), judged by the
-//! clock gate with its default thresholds.
+//! series (a run's `<stem>.<leg>.samples.jsonl.gz`, `.jsonl` in older records, or what
+//! `clock sample` wrote), judged by the clock gate with its default thresholds.
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::gates::clock::{
-    compare as judge, load_side, median_offset_pct, pass_text, ClockCfg, ClockSide,
-};
-use crate::legs::sampler::{nvml, GpuSummary, LegSampler, SamplerSpec};
+use crate::gates::clock::{compare as judge, median_offset_pct, pass_text, ClockCfg, ClockSide};
+use crate::legs::sampler::summary::summarize;
+use crate::legs::sampler::{nvml, read_series, GpuSummary, LegSampler, Row, SamplerSpec};
 use crate::numbers::explain::explain;
 
 /// What a command says on stdout, and its exit status.
@@ -63,6 +62,32 @@ pub fn sample(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -> Result
     Ok(Said { out: text, exit: 0 })
 }
 
+/// A saved series as a gate side: its leg label, boot id and summary (Err: no GPU data).
+fn load_side(path: &Path) -> Result<(String, Option<String>, GpuSummary), String> {
+    let rows = read_series(path)?;
+    let (leg, boot, no_gpu) = match rows.first() {
+        Some(Row::Meta {
+            leg,
+            boot_id,
+            no_gpu,
+            ..
+        }) => (leg.clone(), boot_id.clone(), no_gpu.clone()),
+        _ => {
+            return Err(format!(
+                "{} does not start with a meta line; it is not a series this tool wrote",
+                path.display()
+            ))
+        }
+    };
+    if let Some(why) = no_gpu {
+        return Err(format!(
+            "{}: not applicable: no GPU ({why})",
+            path.display()
+        ));
+    }
+    Ok((leg, boot, summarize(&rows)))
+}
+
 /// Both summaries, the median offset and what it could explain, then `comparable: ...` (exit 0)
 /// or `NOT comparable: n reason(s)` and one reason per line (exit 1). Err (exit 2): a file
 /// cannot be read or holds no GPU data.
@@ -104,7 +129,6 @@ pub fn compare(a: &Path, b: &Path, cfg: &ClockCfg) -> Result<Said, String> {
 mod tests {
     use super::*;
     use crate::gates::clock::tests::{series, BOOT};
-    use crate::legs::sampler::Row;
 
     #[test]
     fn compare_command_reads_two_series_files() {
@@ -124,7 +148,8 @@ mod tests {
             p
         };
         let a = write("a.jsonl", series(|_| 1980, 0, true, 200));
-        let b = write("b.jsonl", series(|_| 1980, 0, true, 200));
+        // A run's series is compressed; clock compare reads either form.
+        let b = write("b.jsonl.gz", series(|_| 1980, 0, true, 200));
         let c = write("c.jsonl", series(|_| 1980, 0x4, false, 10));
         let cfg = ClockCfg::default();
         let code = |r: Result<Said, String>| r.map_or(2, |s| s.exit);

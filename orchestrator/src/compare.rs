@@ -4,11 +4,14 @@
 //! survives a change of machine, the absolute figure the one a user feels. docs/REPORT.md
 //! states the rules; render/compare.rs draws the result.
 
+use std::path::Path;
+
+use crate::numbers::axes::{Axis, Better};
 use crate::numbers::regress::{
     judge, ratios, Comparison, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
     EXIT_OK, EXIT_REGRESSED,
 };
-use crate::record::archive::{AxisView, RecordView, SampleView, Stored, TimingsView};
+use crate::record::archive::{self, RecordView, Rejected, SampleView, Stored, TimingsView};
 use crate::record::select::{differences, resolve, Spec};
 
 fn side(s: &Stored) -> Side {
@@ -28,7 +31,7 @@ type Keyed = Vec<((usize, u32), f64)>;
 struct Measured {
     /// The axis name as the record's table spells it (its prefix, for "per output token").
     name: String,
-    better: &'static str,
+    better: Better,
     pick: Box<dyn Fn(&TimingsView) -> Keyed>,
 }
 
@@ -40,12 +43,12 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
     let mut v = vec![
         Measured {
             name: "per output token".into(),
-            better: "lower",
+            better: Better::Lower,
             pick: Box::new(|t| keyed(&t.per_token_s)),
         },
         Measured {
             name: "time to first token".into(),
-            better: "lower",
+            better: Better::Lower,
             pick: Box::new(|t| keyed(&t.ttft_s)),
         },
     ];
@@ -60,7 +63,7 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
     for b in batches {
         v.push(Measured {
             name: format!("output throughput, batch {b}"),
-            better: "higher",
+            better: Better::Higher,
             pick: Box::new(move |t| {
                 t.throughput_tok_s
                     .get(&b.to_string())
@@ -79,27 +82,20 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
 
 /// The record's own table entry for this axis, or a stand-in with the axis's kind when the
 /// record has none (so that the gates can still be asked about it).
-fn axis_view(rec: &RecordView, m: &Measured) -> AxisView {
+fn axis_view(rec: &RecordView, m: &Measured) -> Axis {
     rec.axes
         .iter()
         .find(|a| a.axis == m.name || a.axis.starts_with(&format!("{} ", m.name)))
         .cloned()
-        .unwrap_or_else(|| AxisView {
+        .unwrap_or_else(|| Axis {
             axis: m.name.clone(),
-            unit: String::new(),
-            better: m.better.into(),
-            ours: None,
-            oracle: None,
-            ratio: None,
-            words: String::new(),
-            ours_refused: false,
-            oracle_refused: false,
-            note: None,
+            better: m.better,
+            ..Axis::default()
         })
 }
 
 /// Why `rec` does not gate this axis for this measure, as a phrase; None when it does.
-fn ungated_because(rec: &RecordView, axis: &AxisView, engine_only: bool) -> Option<String> {
+fn ungated_because(rec: &RecordView, axis: &Axis, engine_only: bool) -> Option<String> {
     if rec.gated(axis, engine_only) {
         return None;
     }
@@ -171,7 +167,7 @@ pub fn compare_unit(
         let vals = |x: &[((usize, u32), f64)]| x.iter().map(|p| p.1).collect::<Vec<_>>();
         let what = |measure| Subject {
             axis: &m.name,
-            better: m.better,
+            better: m.better.as_str(),
             measure,
         };
         out.rows
@@ -246,4 +242,29 @@ pub fn compare(
         unpaired,
         exit_status,
     })
+}
+
+/// `compare BASE HEAD` over the records under `records` (not read when both sides are record
+/// files). Also returns the files under `records` that are not readable records, to be named
+/// whatever the outcome.
+pub fn run(
+    base: &str,
+    head: &str,
+    records: &Path,
+    t: &Thresholds,
+    allow_different_hosts: bool,
+) -> (Vec<Rejected>, Result<Comparison, String>) {
+    let (base, head) = (Spec::parse(base), Spec::parse(head));
+    let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
+        Ok((vec![], vec![]))
+    } else {
+        archive::load_dir(records)
+    };
+    match loaded {
+        Ok((recs, rejected)) => (
+            rejected,
+            compare(&base, &head, &recs, t, allow_different_hosts),
+        ),
+        Err(e) => (vec![], Err(e)),
+    }
 }

@@ -2,7 +2,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use orchestrator::clock::{self, Said};
@@ -11,7 +11,6 @@ use orchestrator::gates::clock::ClockCfg;
 use orchestrator::gates::idle::GpuIdleCheck;
 use orchestrator::legs::lease::{self, LeaseTarget};
 use orchestrator::numbers::regress::{self, Thresholds};
-use orchestrator::record::select::Spec;
 use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
@@ -112,8 +111,9 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum ClockCmd {
-    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines) and
-    /// prints its summary. Observes only. Exit 2 when there is no GPU to sample.
+    /// Samples the GPU (every process on it) for S seconds into a series file (JSON lines,
+    /// gzip-compressed when it ends in .gz) and prints its summary. Observes only. Exit 2 when
+    /// there is no GPU to sample.
     Sample {
         #[arg(long)]
         seconds: f64,
@@ -125,8 +125,8 @@ enum ClockCmd {
         #[arg(long, default_value_t = 20)]
         period_ms: u64,
     },
-    /// The clock gate on two series (from `clock sample` or a run's <stem>.<leg>.samples.jsonl),
-    /// with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
+    /// The clock gate on two series (from `clock sample` or a run's
+    /// <stem>.<leg>.samples.jsonl.gz, .jsonl in older records), with the default thresholds. Exit 0: comparable; 1: one reason per line; 2: unreadable or
     /// no GPU data.
     Compare {
         a: PathBuf,
@@ -171,9 +171,92 @@ fn said(what: &str, r: Result<Said, String>) -> ExitCode {
     }
 }
 
+fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
+    orchestrator::util::interrupt::install();
+    match run::run(unit, opts) {
+        Ok(o) => {
+            for w in &o.warnings {
+                sayln!("orchestrator: {w}");
+            }
+            out!("{}", o.summary);
+            code(o.exit_status)
+        }
+        Err(e) => {
+            sayln!("orchestrator: {e}");
+            code(run::EXIT_ERROR)
+        }
+    }
+}
+
+fn check_cmd(unit: &Path, python: Option<&str>) -> ExitCode {
+    orchestrator::util::interrupt::install();
+    let (report, checked) = preflight::preflight(unit, python, false);
+    for l in &report.lines {
+        outln!("{l}");
+    }
+    if checked.is_some() {
+        outln!("preflight passed: {}", unit.display());
+        code(0)
+    } else {
+        outln!(
+            "preflight FAILED: {} check(s) failed",
+            report.failures.len()
+        );
+        code(run::EXIT_ERROR)
+    }
+}
+
+fn report_cmd(records: &Path, out: &Path) -> ExitCode {
+    match report::report(records, out) {
+        Ok(o) => {
+            for p in &o.written {
+                outln!("wrote {}", p.display());
+            }
+            for r in &o.rejected {
+                sayln!("orchestrator report: {r}");
+            }
+            code(if o.rejected.is_empty() { 0 } else { 1 })
+        }
+        Err(e) => {
+            sayln!("orchestrator report: {e}");
+            code(2)
+        }
+    }
+}
+
+fn compare_cmd(
+    base: &str,
+    head: &str,
+    records: &Path,
+    t: &Thresholds,
+    allow: bool,
+    format: Format,
+) -> ExitCode {
+    let (rejected, result) = compare::run(base, head, records, t, allow);
+    for r in &rejected {
+        sayln!("orchestrator compare: {r}");
+    }
+    match result {
+        Ok(c) => {
+            match format {
+                Format::Table => out!("{}", render::compare::terminal(&c)),
+                Format::Markdown => out!("{}", render::compare::markdown(&c)),
+                Format::Json => outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&c).expect("a comparison serializes")
+                ),
+            }
+            code(c.exit_status)
+        }
+        Err(e) => {
+            sayln!("orchestrator compare: {e}");
+            code(regress::EXIT_ERROR)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.cmd {
+    match Cli::parse().cmd {
         Cmd::Run {
             unit,
             records_dir,
@@ -181,65 +264,21 @@ fn main() -> ExitCode {
             no_wait,
             python,
             quiet,
-        } => {
-            let opts = RunOptions {
+        } => run_cmd(
+            &unit,
+            &RunOptions {
                 records_dir,
                 lock_dir,
                 no_wait,
                 python,
                 quiet,
-            };
-            orchestrator::util::interrupt::install();
-            match run::run(&unit, &opts) {
-                Ok(o) => {
-                    for w in &o.warnings {
-                        sayln!("orchestrator: {w}");
-                    }
-                    out!("{}", o.summary);
-                    code(o.exit_status)
-                }
-                Err(e) => {
-                    sayln!("orchestrator: {e}");
-                    code(run::EXIT_ERROR)
-                }
-            }
-        }
-        Cmd::Check { unit, python } => {
-            orchestrator::util::interrupt::install();
-            let (report, checked) = preflight::preflight(&unit, python.as_deref(), false);
-            for l in &report.lines {
-                outln!("{l}");
-            }
-            if checked.is_some() {
-                outln!("preflight passed: {}", unit.display());
-                code(0)
-            } else {
-                outln!(
-                    "preflight FAILED: {} check(s) failed",
-                    report.failures.len()
-                );
-                code(run::EXIT_ERROR)
-            }
-        }
-        Cmd::Report { records_dir, out } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let out = out.unwrap_or_else(|| reports_path("BENCHMARKS.md"));
-            match report::report(&records, &out) {
-                Ok(o) => {
-                    for p in &o.written {
-                        outln!("wrote {}", p.display());
-                    }
-                    for r in &o.rejected {
-                        sayln!("orchestrator report: {r}");
-                    }
-                    code(if o.rejected.is_empty() { 0 } else { 1 })
-                }
-                Err(e) => {
-                    sayln!("orchestrator report: {e}");
-                    code(2)
-                }
-            }
-        }
+            },
+        ),
+        Cmd::Check { unit, python } => check_cmd(&unit, python.as_deref()),
+        Cmd::Report { records_dir, out } => report_cmd(
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &out.unwrap_or_else(|| reports_path("BENCHMARKS.md")),
+        ),
         Cmd::Compare {
             base,
             head,
@@ -248,44 +287,18 @@ fn main() -> ExitCode {
             alpha,
             allow_different_hosts,
             format,
-        } => {
-            let records = records_dir.unwrap_or_else(|| reports_path("records"));
-            let t = Thresholds {
+        } => compare_cmd(
+            &base,
+            &head,
+            &records_dir.unwrap_or_else(|| reports_path("records")),
+            &Thresholds {
                 min_effect: min_effect_pct / 100.0,
                 alpha,
                 ..Thresholds::default()
-            };
-            let (base, head) = (Spec::parse(&base), Spec::parse(&head));
-            // Two record files need no records directory.
-            let loaded = if matches!((&base, &head), (Spec::Path(_), Spec::Path(_))) {
-                Ok((vec![], vec![]))
-            } else {
-                orchestrator::record::archive::load_dir(&records)
-            };
-            let result = loaded.and_then(|(recs, rejected)| {
-                for r in &rejected {
-                    sayln!("orchestrator compare: {r}");
-                }
-                compare::compare(&base, &head, &recs, &t, allow_different_hosts)
-            });
-            match result {
-                Ok(c) => {
-                    match format {
-                        Format::Table => out!("{}", render::compare::terminal(&c)),
-                        Format::Markdown => out!("{}", render::compare::markdown(&c)),
-                        Format::Json => outln!(
-                            "{}",
-                            serde_json::to_string_pretty(&c).expect("a comparison serializes")
-                        ),
-                    }
-                    code(c.exit_status)
-                }
-                Err(e) => {
-                    sayln!("orchestrator compare: {e}");
-                    code(regress::EXIT_ERROR)
-                }
-            }
-        }
+            },
+            allow_different_hosts,
+            format,
+        ),
         Cmd::Lease {
             gpu,
             lock_dir,

@@ -10,7 +10,9 @@ accepted and mostly ignored:
          with probability 1/4, from --seed=N: tests/hostile's protocol fuzzing)
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
-  --resizable          honour --num-blocks / --num-gpu-blocks-override
+  --resizable          honour --num-blocks / --num-gpu-blocks-override (the option its ready.kv
+                       names in resize_option, as vLLM's does)
+  --no-resize-option   a pool whose ready.kv names no resize_option
   --backend=NAME       features.backend (default cpu)
   --degraded=A,B       features.degraded
 `... check ...` (as in `python -m oracle check`) prints an ok line and exits 0.
@@ -40,7 +42,7 @@ def main():
             "fault", "kv", "backend", "degraded", "seed"):
             k, v = a[2:].split("=", 1)
             own[k] = v
-        elif a in ("--ignore-term", "--resizable"):
+        elif a in ("--ignore-term", "--resizable", "--no-resize-option"):
             own[a[2:]] = True
         else:
             rest.append(a)
@@ -71,6 +73,8 @@ def main():
         if own.get("resizable"):
             n = flag("--num-blocks") or flag("--num-gpu-blocks-override") or n
         kv = {"block_size": b, "num_blocks": n, "capacity_tokens": b * n, "bytes": b * n * 64}
+        if not own.get("no-resize-option"):
+            kv["resize_option"] = "num_gpu_blocks_override"
     print(f"fake leg pid {os.getpid()} starting:", " ".join(sys.argv[1:]), file=sys.stderr, flush=True)
     if fault == "crash-load":
         print("loading weights... boom: fake crash at load", file=sys.stderr, flush=True)

@@ -212,7 +212,16 @@ fn without_a_gpu_the_series_timeline_and_host_memory_are_kept_and_gpu_gates_say_
         // Files beside the record are named relative to its directory.
         let name = s["series"].as_str().unwrap();
         assert!(!name.contains('/'), "{name}");
-        let series = std::fs::read_to_string(f.path("records/fake").join(name)).unwrap();
+        // Compressed beside the record (docs/RECORD.md).
+        assert!(name.ends_with(".samples.jsonl.gz"), "{name}");
+        let mut series = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                std::fs::File::open(f.path("records/fake").join(name)).unwrap(),
+            ),
+            &mut series,
+        )
+        .unwrap();
         assert!(series.starts_with(r#"{"kind":"meta","leg":""#), "{series}");
         for p in ["load", "warmup", "battery", "shutdown"] {
             // Phase rows end with their phase; host rows go on to rss_bytes.
@@ -554,6 +563,32 @@ fn kv_match_oracle_sets_its_override() {
     assert!(
         argv.contains("\"--num-gpu-blocks-override\",\"64\""),
         "{argv}"
+    );
+}
+
+#[test]
+fn an_oracle_that_names_no_resize_option_is_not_restarted_and_the_pools_are_refused() {
+    let f = Fixture::new(
+        "--kv=16,64",
+        "--kv=16,32 --resizable --no-resize-option",
+        "[gates]\nkv_match = \"oracle\"\n",
+    );
+    let (out, rec) = f.run();
+    let rec = rec.unwrap_or_else(|| panic!("no record\n{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(rec["legs"]["oracle"]["prior_starts"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let s = gate(&rec, "kv", None)["sentence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.contains(
+            "even after trying to restart the oracle, whose ready.kv names no resize_option"
+        ) && s.contains("oracle the option that sizes its pool)"),
+        "{s}"
     );
 }
 

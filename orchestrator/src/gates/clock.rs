@@ -7,10 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::path::Path;
 
 use super::{Axes, Gate, GateInput, GateResult, Scope};
-use crate::legs::sampler::{self, GpuSummary, Row};
+use crate::legs::sampler::GpuSummary;
 use crate::legs::LegName;
 use crate::unit::GatesCfg;
 
@@ -390,38 +389,13 @@ pub fn pass_text(a: &ClockSide, b: &ClockSide) -> String {
     )
 }
 
-/// A saved series as a gate side: its leg label, boot id and summary (Err: no GPU data).
-pub fn load_side(path: &Path) -> Result<(String, Option<String>, GpuSummary), String> {
-    let rows = sampler::read_series(path)?;
-    let (leg, boot, no_gpu) = match rows.first() {
-        Some(Row::Meta {
-            leg,
-            boot_id,
-            no_gpu,
-            ..
-        }) => (leg.clone(), boot_id.clone(), no_gpu.clone()),
-        _ => {
-            return Err(format!(
-                "{} does not start with a meta line; it is not a series this tool wrote",
-                path.display()
-            ))
-        }
-    };
-    if let Some(why) = no_gpu {
-        return Err(format!(
-            "{}: not applicable: no GPU ({why})",
-            path.display()
-        ));
-    }
-    Ok((leg, boot, sampler::summary::summarize(&rows)))
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::gates::testing::{judge as judge_gate, record, sampled};
     use crate::gates::Verdict;
     use crate::legs::sampler::summary::summarize;
+    use crate::legs::sampler::Row;
 
     pub const BOOT: &str = "1c2d";
 

@@ -5,9 +5,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::{Axes, Gate, GateInput, GateResult, Scope};
+use super::{each_leg, Axes, Gate, GateInput, GateResult, Scope};
 use crate::legs::watchdog::GpuStraggler;
-use crate::legs::{LegName, LegRecord};
+use crate::legs::LegName;
 
 /// Why a leg's exit is refused. Display is the whole sentence.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,47 +62,28 @@ impl Gate for GpuStragglerGate {
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
-        [LegName::Engine, LegName::Oracle]
-            .into_iter()
-            .map(|leg| {
-                let rec = input.leg(leg);
-                if let Some(why) = &rec.sampler.no_gpu {
-                    return GateResult::not_applicable(self, Some(leg), format!("no GPU: {why}"));
-                }
-                if !rec.gpu_checked {
-                    return GateResult::not_applicable(
-                        self,
-                        Some(leg),
-                        format!(
-                            "the GPU's process table was not read after the {leg} leg (it never started, or NVML failed at its shutdown)"
-                        ),
-                    );
-                }
-                let all = all_gpu(rec);
-                if all.is_empty() {
-                    return GateResult::pass(
-                        self,
-                        Some(leg),
-                        format!("no process of the {leg} leg held GPU memory after it"),
-                    );
-                }
-                let reason = GpuStragglerReason::GpuStragglers {
-                    leg,
-                    stragglers: all,
-                };
-                GateResult::refused(self, Some(leg), &reason)
-            })
-            .collect()
+        each_leg(input, |leg, rec| {
+            let not_applicable = |why: String| GateResult::not_applicable(self, Some(leg), why);
+            if let Some(why) = &rec.sampler.no_gpu {
+                return not_applicable(format!("no GPU: {why}"));
+            }
+            if !rec.gpu_checked {
+                return not_applicable(format!(
+                    "the GPU's process table was not read after the {leg} leg (it never started, or NVML failed at its shutdown)"
+                ));
+            }
+            // This start's and those of any start stopped for a kv resize.
+            let prior = rec.prior_starts.iter().flat_map(|p| &p.gpu_stragglers);
+            let stragglers: Vec<GpuStraggler> =
+                rec.gpu_stragglers.iter().chain(prior).cloned().collect();
+            if stragglers.is_empty() {
+                let text = format!("no process of the {leg} leg held GPU memory after it");
+                return GateResult::pass(self, Some(leg), text);
+            }
+            let reason = GpuStragglerReason::GpuStragglers { leg, stragglers };
+            GateResult::refused(self, Some(leg), &reason)
+        })
     }
-}
-
-/// This start's GPU stragglers and those of any start stopped for a kv resize.
-fn all_gpu(rec: &LegRecord) -> Vec<GpuStraggler> {
-    let mut all = rec.gpu_stragglers.clone();
-    for p in &rec.prior_starts {
-        all.extend(p.gpu_stragglers.iter().cloned());
-    }
-    all
 }
 
 #[cfg(test)]

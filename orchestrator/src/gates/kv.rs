@@ -48,7 +48,8 @@ impl fmt::Display for KvReason {
         }
         write!(
             f,
-            "; the memory and KV axes are reported raw, not like-for-like. Hint: size the pools explicitly (engine num_blocks / kv_cache_memory, oracle num_gpu_blocks_override) to a capacity both block sizes divide."
+            "; the memory and KV axes are reported raw, not like-for-like. Hint: size the pools explicitly (engine num_blocks / kv_cache_memory, oracle {}) to a capacity both block sizes divide.",
+            oracle.resize_option().unwrap_or("the option that sizes its pool")
         )
     }
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
 
-use super::{Gate, GateInput, GateResult, Scope};
+use super::{each_leg, Gate, GateInput, GateResult, Scope};
 use crate::legs::record::LegFailure;
 use crate::legs::LegName;
 
@@ -45,27 +45,15 @@ impl Gate for LegGate {
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
-        [LegName::Engine, LegName::Oracle]
-            .into_iter()
-            .map(|leg| {
-                let rec = input.leg(leg);
-                match &rec.failure {
-                    Some(f) => GateResult::refused(
-                        self,
-                        Some(leg),
-                        &LegReason::LegFailed {
-                            leg,
-                            failure: f.clone(),
-                            log: rec.log.clone(),
-                        },
-                    ),
-                    None => GateResult::pass(
-                        self,
-                        Some(leg),
-                        format!("the {leg} leg loaded, ran its battery and shut down cleanly"),
-                    ),
-                }
-            })
-            .collect()
+        each_leg(input, |leg, rec| match &rec.failure {
+            Some(f) => {
+                let (failure, log) = (f.clone(), rec.log.clone());
+                GateResult::refused(self, Some(leg), &LegReason::LegFailed { leg, failure, log })
+            }
+            None => {
+                let text = format!("the {leg} leg loaded, ran its battery and shut down cleanly");
+                GateResult::pass(self, Some(leg), text)
+            }
+        })
     }
 }

@@ -150,6 +150,17 @@ impl GateInput<'_> {
     }
 }
 
+/// The verdicts of a gate that judges each leg on its own: `judge` on the engine, then the oracle.
+pub fn each_leg(
+    input: &GateInput,
+    judge: impl Fn(LegName, &LegRecord) -> GateResult,
+) -> Vec<GateResult> {
+    [LegName::Engine, LegName::Oracle]
+        .into_iter()
+        .map(|leg| judge(leg, input.leg(leg)))
+        .collect()
+}
+
 /// A gate judged after both legs ran.
 pub trait Gate {
     fn name(&self) -> &'static str;

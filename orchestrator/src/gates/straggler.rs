@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::{Axes, Gate, GateInput, GateResult, Scope};
+use super::{each_leg, Axes, Gate, GateInput, GateResult, Scope};
 use crate::legs::watchdog::Straggler;
 use crate::legs::LegName;
 
@@ -59,27 +59,19 @@ impl Gate for StragglerGate {
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
-        [LegName::Engine, LegName::Oracle]
-            .into_iter()
-            .map(|leg| {
-                let rec = input.leg(leg);
-                let mut all = rec.stragglers.clone();
-                for p in &rec.prior_starts {
-                    all.extend(p.stragglers.iter().cloned());
-                }
-                if all.is_empty() {
-                    return GateResult::pass(
-                        self,
-                        Some(leg),
-                        format!("no process of the {leg} leg outlived it"),
-                    );
-                }
-                let reason = StragglerReason::Stragglers {
-                    leg,
-                    stragglers: all,
-                };
-                GateResult::refused(self, Some(leg), &reason)
-            })
-            .collect()
+        each_leg(input, |leg, rec| {
+            // This start's and those of any start stopped for a kv resize.
+            let prior = rec.prior_starts.iter().flat_map(|p| &p.stragglers);
+            let stragglers: Vec<Straggler> = rec.stragglers.iter().chain(prior).cloned().collect();
+            if stragglers.is_empty() {
+                let text = format!("no process of the {leg} leg outlived it");
+                return GateResult::pass(self, Some(leg), text);
+            }
+            GateResult::refused(
+                self,
+                Some(leg),
+                &StragglerReason::Stragglers { leg, stragglers },
+            )
+        })
     }
 }

@@ -28,18 +28,16 @@ pub fn sampled(leg: &str, sm: u32) -> LegRecord {
         phase: "battery".into(),
     }];
     for i in 1..50u64 {
-        rows.push(Row::Gpu {
-            t_us: i * 20_000,
-            phase: "battery".into(),
-            sm_mhz: Some(sm),
-            mem_mhz: None,
-            power_mw: None,
-            temp_c: None,
-            throttle: Some(0),
-            persistence: Some(true),
-            used_bytes: None,
-            procs: None,
-        });
+        let mut poll = Row::poll(i * 20_000, "battery", Some(sm));
+        if let Row::Gpu {
+            throttle,
+            persistence,
+            ..
+        } = &mut poll
+        {
+            (*throttle, *persistence) = (Some(0), Some(true));
+        }
+        rows.push(poll);
         rows.push(Row::Util {
             t_us: i * 20_000,
             phase: "battery".into(),

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
 
-use super::{golden_config, Gate, GateInput, GateResult, Scope};
+use super::{each_leg, golden_config, Gate, GateInput, GateResult, Scope};
 use crate::legs::record::{LegName, LegRecord, RequestKind};
 use crate::unit::{Golden, Unit};
 use crate::util::fmt::{capitalise_first, fmt_num};
@@ -270,16 +270,12 @@ impl Gate for TokenGate {
     }
 
     fn judge(&self, input: &GateInput) -> Vec<GateResult> {
-        [LegName::Engine, LegName::Oracle]
-            .into_iter()
-            .map(|leg| self.judge_leg(input, leg))
-            .collect()
+        each_leg(input, |leg, rec| self.judge_leg(input, leg, rec))
     }
 }
 
 impl TokenGate {
-    fn judge_leg(&self, input: &GateInput, leg: LegName) -> GateResult {
-        let rec = input.leg(leg);
+    fn judge_leg(&self, input: &GateInput, leg: LegName, rec: &LegRecord) -> GateResult {
         if !rec.measured() {
             return GateResult::not_applicable(
                 self,

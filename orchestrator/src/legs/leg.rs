@@ -11,7 +11,7 @@ use crate::legs::process::{
     bounded, describe_status, run_passes, status_code, tail_lines, Fault, LegProcess, Pace,
 };
 use crate::legs::progress::Progress;
-use crate::legs::protocol::{self, Ready};
+use crate::legs::protocol::{Ready, Request};
 use crate::legs::record::{LegFailure, LegRecord, PhaseTime, PriorStart};
 use crate::legs::sampler::{LegSampler, SamplerSpec};
 use crate::legs::spec::{BatteryPlan, LegSpec};
@@ -19,6 +19,7 @@ use crate::legs::watchdog::{self, Phase, WatchdogKill};
 use crate::unit::WatchdogCfg;
 use crate::util::child::{self, GroupGuard};
 use crate::util::interrupt;
+use crate::util::procfs::{process_name, stat_state_pgid};
 use crate::util::term::sayln;
 
 /// A leg in flight: its process (while alive) and everything recorded so far.
@@ -203,70 +204,8 @@ impl LegRun {
     /// stragglers. Also the clean-up after a failure (then the group was killed already).
     pub async fn shutdown(&mut self) {
         self.mark(Phase::Shutdown);
-        if let Some(mut p) = self.proc.take() {
-            let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
-            // Interrupted: the leg still gets its shutdown, but only the grace period for it.
-            let was_interrupted = interrupt::pending().is_some();
-            let deadline = match was_interrupted {
-                true => watchdog::seconds(self.wd.grace_s).min(Phase::Shutdown.deadline(&self.wd)),
-                false => Phase::Shutdown.deadline(&self.wd),
-            };
-            let started = Instant::now();
-            // A leg that already died fails the send; its exit status is collected below.
-            let _ = p.send(protocol::SHUTDOWN_LINE).await;
-            p.stdin = None; // end of stdin means shutdown too
-            let r = tokio::select! {
-                r = tokio::time::timeout(deadline, p.child.wait()) => r.map_err(|_| ()),
-                _ = interrupt::wait(), if !was_interrupted => Err(()),
-            };
-            let outcome = match r {
-                Ok(Ok(status)) => {
-                    self.record.exit_status = Some(status_code(status));
-                    if status.success() {
-                        "exited 0".to_string()
-                    } else {
-                        let msg = format!(
-                            "the {} leg {} after shutdown (the protocol asks for 0)",
-                            self.record.leg,
-                            describe_status(Some(status))
-                        );
-                        self.fail(Phase::Shutdown, "exited", msg);
-                        format!("FAILED: {}", describe_status(Some(status)))
-                    }
-                }
-                Ok(Err(e)) => {
-                    self.fail(
-                        Phase::Shutdown,
-                        "protocol",
-                        format!("waiting for the {} leg failed: {e}", self.record.leg),
-                    );
-                    "FAILED".into()
-                }
-                Err(()) if interrupt::pending().is_some() => {
-                    self.stop(
-                        Phase::Shutdown,
-                        Fault::Interrupted(interrupt::pending().unwrap_or("a signal")),
-                    )
-                    .await;
-                    "stopped: the run was interrupted".into()
-                }
-                Err(()) => {
-                    self.watchdog_kill(Phase::Shutdown, deadline, started).await;
-                    let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
-                    if let Ok(Ok(s)) = status {
-                        self.record.exit_status = Some(status_code(s));
-                    }
-                    "killed by the watchdog".into()
-                }
-            };
-            let el = prog.finish(&outcome);
-            self.record.phases.push(PhaseTime {
-                phase: Phase::Shutdown,
-                elapsed_s: el,
-                ok: !outcome.starts_with("FAILED")
-                    && !outcome.starts_with("killed")
-                    && !outcome.starts_with("stopped"),
-            });
+        if let Some(p) = self.proc.take() {
+            self.stop(p).await;
         }
         // The samplers stop once the leg has exited, so the series covers its shutdown.
         if let Some(s) = self.sampler.take() {
@@ -282,37 +221,7 @@ impl LegRun {
             .unwrap_or_default();
         // GPU side first: a process still holding memory is named with its MiB before the
         // host-side reap kills it anonymously.
-        if let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) {
-            if let Ok(mut g) = crate::legs::sampler::nvml::open(gpu) {
-                // `seen` were the leg's when the sampler saw them (group, descendant or
-                // announced); one that left the group since (setsid) is still the leg's worker.
-                let seen = self.record.sampler.gpu_pids_seen.clone();
-                let is_leg = |pid: u32| {
-                    pid as i32 == pgid
-                        || announced.contains(&pid)
-                        || seen.contains(&pid)
-                        || matches!(crate::util::procfs::stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
-                };
-                let found = watchdog::reap_gpu_stragglers(
-                    g.as_mut(),
-                    is_leg,
-                    crate::util::procfs::process_name,
-                );
-                for s in &found {
-                    if !self.quiet {
-                        sayln!(
-                            "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
-                            self.record.leg,
-                            s.pid,
-                            s.name,
-                            s.mib.map_or("?".into(), |m| m.to_string())
-                        );
-                    }
-                }
-                self.record.gpu_stragglers.extend(found);
-                self.record.gpu_checked = true;
-            }
-        }
+        self.reap_gpu(&announced);
         if let Some(pgid) = self.pgid.take() {
             let found = watchdog::reap_stragglers(pgid, &announced);
             for s in &found {
@@ -333,6 +242,103 @@ impl LegRun {
         }
     }
 
+    /// The shutdown phase proper: the request, then the exit under the deadline.
+    async fn stop(&mut self, mut p: LegProcess) {
+        let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
+        // Interrupted: the leg still gets its shutdown, but only the grace period for it.
+        let was_interrupted = interrupt::pending().is_some();
+        let deadline = match was_interrupted {
+            true => watchdog::seconds(self.wd.grace_s).min(Phase::Shutdown.deadline(&self.wd)),
+            false => Phase::Shutdown.deadline(&self.wd),
+        };
+        let started = Instant::now();
+        // A leg that already died fails the send; its exit status is collected below.
+        let _ = p.send(&Request::Shutdown.line()).await;
+        p.stdin = None; // end of stdin means shutdown too
+        let r = tokio::select! {
+            r = tokio::time::timeout(deadline, p.child.wait()) => r.map_err(|_| ()),
+            _ = interrupt::wait(), if !was_interrupted => Err(()),
+        };
+        let outcome = match r {
+            Ok(Ok(status)) => {
+                self.record.exit_status = Some(status_code(status));
+                if status.success() {
+                    "exited 0".to_string()
+                } else {
+                    let msg = format!(
+                        "the {} leg {} after shutdown (the protocol asks for 0)",
+                        self.record.leg,
+                        describe_status(Some(status))
+                    );
+                    self.fail(Phase::Shutdown, "exited", msg);
+                    format!("FAILED: {}", describe_status(Some(status)))
+                }
+            }
+            Ok(Err(e)) => {
+                self.fail(
+                    Phase::Shutdown,
+                    "protocol",
+                    format!("waiting for the {} leg failed: {e}", self.record.leg),
+                );
+                "FAILED".into()
+            }
+            Err(()) if interrupt::pending().is_some() => {
+                let sig = interrupt::pending().unwrap_or("a signal");
+                self.halt(Phase::Shutdown, Fault::Interrupted(sig)).await;
+                "stopped: the run was interrupted".into()
+            }
+            Err(()) => {
+                self.watchdog_kill(Phase::Shutdown, deadline, started).await;
+                let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
+                if let Ok(Ok(s)) = status {
+                    self.record.exit_status = Some(status_code(s));
+                }
+                "killed by the watchdog".into()
+            }
+        };
+        let el = prog.finish(&outcome);
+        self.record.phases.push(PhaseTime {
+            phase: Phase::Shutdown,
+            elapsed_s: el,
+            ok: !outcome.starts_with("FAILED")
+                && !outcome.starts_with("killed")
+                && !outcome.starts_with("stopped"),
+        });
+    }
+
+    /// Names and kills each of the leg's processes still on the leased GPU (when NVML can say).
+    fn reap_gpu(&mut self, announced: &[u32]) {
+        let (Some(pgid), Some(gpu)) = (self.pgid, self.sampler_spec.gpu) else {
+            return;
+        };
+        let Ok(mut g) = crate::legs::sampler::nvml::open(gpu) else {
+            return;
+        };
+        // `seen` were the leg's when the sampler saw them (group, descendant or announced);
+        // one that left the group since (setsid) is still the leg's worker.
+        let seen = self.record.sampler.gpu_pids_seen.clone();
+        let is_leg = |pid: u32| {
+            pid as i32 == pgid
+                || announced.contains(&pid)
+                || seen.contains(&pid)
+                || matches!(stat_state_pgid(pid as i32), Some((_, pg)) if pg == pgid)
+        };
+        let found = watchdog::reap_gpu_stragglers(g.as_mut(), is_leg, process_name);
+        for s in &found {
+            if !self.quiet {
+                sayln!(
+                    "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
+                    self.record.leg,
+                    s.pid,
+                    s.name,
+                    s.mib.map_or("?".into(), |m| m.to_string())
+                );
+            }
+        }
+        self.record.gpu_stragglers.extend(found);
+        self.record.gpu_checked = true;
+    }
+
     /// Tells the samplers the leg entered `phase`.
     fn mark(&self, phase: Phase) {
         if let Some(s) = &self.sampler {
@@ -350,7 +356,7 @@ impl LegRun {
         match r {
             Ok(Ok(v)) => Some(v),
             Ok(Err(fault)) => {
-                self.stop(phase, fault).await;
+                self.halt(phase, fault).await;
                 self.collect_exit().await;
                 None
             }
@@ -364,42 +370,10 @@ impl LegRun {
     }
 
     /// Records why the phase stopped and stops the whole group: the leg cannot be trusted to
-    /// shut down now.
-    async fn stop(&mut self, phase: Phase, fault: Fault) {
+    /// shut down now. A stall is also the watchdog's (`record.watchdog`).
+    async fn halt(&mut self, phase: Phase, fault: Fault) {
         let leg = self.record.leg;
-        let (kind, msg) = match &fault {
-            Fault::Exited(s) => (
-                "exited",
-                format!("the {leg} leg {} during {phase}", describe_status(*s)),
-            ),
-            Fault::BadLine(line, problem) => (
-                "malformed_line",
-                format!(
-                    "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
-                    crate::util::fmt::clip(line, 300)
-                ),
-            ),
-            Fault::ErrorEvent(e) => (
-                "error_event",
-                format!(
-                    "the {leg} leg sent an error event during {phase}: code {:?}: {}",
-                    e.code, e.message
-                ),
-            ),
-            Fault::Protocol(m) => ("protocol", format!("the {leg} leg broke the protocol during {phase}: it {m}")),
-            Fault::Io(m) => ("protocol", format!("reading the {leg} leg's stdout failed during {phase}: {m}")),
-            Fault::Interrupted(sig) => (
-                "interrupted",
-                format!("the run was interrupted by {sig} during the {leg} leg's {phase}; the leg's process group was stopped"),
-            ),
-            Fault::Stalled { silent_s, bound_s, longest_s } => (
-                "stalled",
-                format!(
-                    "the {leg} leg sent nothing for {silent_s:.1} s during {phase}, past its progress deadline of {bound_s:.1} s (max of [watchdog] stall_min_s {:.0} s and stall_factor {} x its slowest interval between events so far, {longest_s:.3} s): it was stopped, deadlocked or swapping; raise stall_min_s or stall_factor if it legitimately pauses that long",
-                    self.wd.stall_min_s, self.wd.stall_factor
-                ),
-            ),
-        };
+        let (kind, msg) = fault.describe(leg, phase, &self.wd);
         let signals = match self.pgid {
             Some(pgid) => {
                 // A stopped (SIGSTOP) group takes no TERM until it runs again.
@@ -418,9 +392,9 @@ impl LegRun {
                 ran_s: silent_s,
                 signals,
             });
-            if !self.quiet {
-                sayln!("[{leg}] {msg}");
-            }
+        }
+        if !self.quiet && matches!(kind, "stalled" | "interrupted") {
+            sayln!("[{leg}] {msg}");
         }
         self.fail(phase, kind, msg);
     }

@@ -9,7 +9,7 @@ use crate::legs::lease::{IdleCheck, Lease, LeaseTarget};
 use crate::legs::leg::LegRun;
 use crate::legs::protocol::{blocks_for, Kv};
 use crate::legs::record::{LegFailure, LegName, LegRecord};
-use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec};
+use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec, Resize};
 use crate::legs::watchdog::Phase;
 use crate::unit::preflight::Checked;
 use crate::unit::KvMatch;
@@ -127,7 +127,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn spec(&self, leg: LegName, resize: Option<u64>, suffix: &str) -> LegSpec {
+    fn spec(&self, leg: LegName, resize: Option<&Resize>, suffix: &str) -> LegSpec {
         LegSpec {
             lease_fd: Some(self.lease.fd()),
             ..leg_spec(
@@ -195,17 +195,22 @@ impl Ctx<'_> {
             let mine = run.ready().and_then(|r| r.kv.clone());
             if let (Some(t), Some(m)) = (target, mine) {
                 if !m.within(t, unit.gates.kv_tolerance_blocks) && interrupt::pending().is_none() {
-                    let blocks = blocks_for(t.capacity_tokens, m.block_size);
-                    let note = resize_note_for(leg, blocks, &m, t);
+                    let resize = Resize {
+                        blocks: blocks_for(t.capacity_tokens, m.block_size),
+                        option: m.resize_option().map(str::to_string),
+                    };
+                    let note = resize_note_for(leg, &resize, &m, t);
                     if !self.quiet {
                         sayln!("[{leg}] kv: {note}");
                     }
-                    let prior = run.stop_for_restart(note.clone()).await;
-                    let spec2 = self.spec(leg, Some(blocks), "-resized");
-                    run = LegRun::spawn(&spec2, wd, self.quiet);
-                    run.record.prior_starts.push(prior);
-                    resize_note = Some(note);
-                    run.load().await;
+                    resize_note = Some(note.clone());
+                    if leg == LegName::Engine || resize.option.is_some() {
+                        let prior = run.stop_for_restart(note).await;
+                        let spec2 = self.spec(leg, Some(&resize), "-resized");
+                        run = LegRun::spawn(&spec2, wd, self.quiet);
+                        run.record.prior_starts.push(prior);
+                        run.load().await;
+                    }
                 }
             }
         }
@@ -250,18 +255,21 @@ impl Ctx<'_> {
     }
 }
 
-/// The resize in words: which leg restarts with what, and why.
-fn resize_note_for(leg: LegName, blocks: u64, mine: &Kv, target: &Kv) -> String {
-    let (how, flag) = match leg {
-        LegName::Engine => ("the engine", format!("--num-blocks {blocks}")),
-        LegName::Oracle => ("the oracle", format!("num_gpu_blocks_override = {blocks}")),
-    };
-    let other = match leg {
-        LegName::Engine => LegName::Oracle,
-        LegName::Oracle => LegName::Engine,
+/// The resize in words: which leg restarts with what (or why it cannot), and why.
+fn resize_note_for(leg: LegName, resize: &Resize, mine: &Kv, target: &Kv) -> String {
+    let blocks = resize.blocks;
+    let (other, first) = match leg {
+        LegName::Engine => (LegName::Oracle, format!("restarting the engine with --num-blocks {blocks}")),
+        LegName::Oracle => match &resize.option {
+            Some(o) => (LegName::Engine, format!("restarting the oracle with {o} = {blocks}")),
+            None => (
+                LegName::Engine,
+                "trying to restart the oracle, whose ready.kv names no resize_option (the option that sizes its pool), so it was not restarted".into(),
+            ),
+        },
     };
     format!(
-        "restarting {how} with {flag} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
+        "{first} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
         mine.capacity_tokens, mine.num_blocks, mine.block_size, target.capacity_tokens
     )
 }

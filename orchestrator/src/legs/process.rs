@@ -8,10 +8,12 @@ use tokio::io::{AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::legs::progress::Progress;
-use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready};
+use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready, Request};
+use crate::legs::record::LegName;
 use crate::legs::record::{RequestKind, RequestRecord};
 use crate::legs::spec::BatteryPlan;
 use crate::legs::watchdog::Phase;
+use crate::unit::WatchdogCfg;
 
 /// Why a phase stopped early (before it becomes a [`LegFailure`] with the stderr tail).
 #[derive(Debug)]
@@ -29,6 +31,55 @@ pub(super) enum Fault {
         bound_s: f64,
         longest_s: f64,
     },
+}
+
+impl Fault {
+    /// The failure's stable kind and its whole sentence, for the `leg` leg in `phase`.
+    pub fn describe(&self, leg: LegName, phase: Phase, wd: &WatchdogCfg) -> (&'static str, String) {
+        match self {
+            Fault::Exited(s) => (
+                "exited",
+                format!("the {leg} leg {} during {phase}", describe_status(*s)),
+            ),
+            Fault::BadLine(line, problem) => (
+                "malformed_line",
+                format!(
+                    "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
+                    crate::util::fmt::clip(line, 300)
+                ),
+            ),
+            Fault::ErrorEvent(e) => (
+                "error_event",
+                format!(
+                    "the {leg} leg sent an error event during {phase}: code {:?}: {}",
+                    e.code, e.message
+                ),
+            ),
+            Fault::Protocol(m) => (
+                "protocol",
+                format!("the {leg} leg broke the protocol during {phase}: it {m}"),
+            ),
+            Fault::Io(m) => (
+                "protocol",
+                format!("reading the {leg} leg's stdout failed during {phase}: {m}"),
+            ),
+            Fault::Interrupted(sig) => (
+                "interrupted",
+                format!("the run was interrupted by {sig} during the {leg} leg's {phase}; the leg's process group was stopped"),
+            ),
+            Fault::Stalled {
+                silent_s,
+                bound_s,
+                longest_s,
+            } => (
+                "stalled",
+                format!(
+                    "the {leg} leg sent nothing for {silent_s:.1} s during {phase}, past its progress deadline of {bound_s:.1} s (max of [watchdog] stall_min_s {:.0} s and stall_factor {} x its slowest interval between events so far, {longest_s:.3} s): it was stopped, deadlocked or swapping; raise stall_min_s or stall_factor if it legitimately pauses that long",
+                    wd.stall_min_s, wd.stall_factor
+                ),
+            ),
+        }
+    }
 }
 
 /// A phase's future under its deadline, cut short by SIGINT/SIGTERM/SIGHUP.
@@ -177,7 +228,7 @@ impl LegProcess {
             Event::Error(e) => Err(Fault::ErrorEvent(e)),
             other => Err(Fault::Protocol(format!(
                 "sent {} before ready",
-                event_name(&other)
+                other.describe()
             ))),
         }
     }
@@ -191,10 +242,14 @@ impl LegProcess {
         batch: u32,
         prog: &mut Progress,
     ) -> Result<(Vec<PromptResult>, f64), Fault> {
-        self.send(&protocol::generate_line(
-            id, prompts, max_tokens, ignore_eos, batch,
-        ))
-        .await?;
+        let req = Request::Generate {
+            id,
+            prompts,
+            max_tokens,
+            ignore_eos,
+            batch,
+        };
+        self.send(&req.line()).await?;
         self.pace.restart();
         let mut results: Vec<Option<PromptResult>> = vec![None; prompts.len()];
         loop {
@@ -235,20 +290,11 @@ impl LegProcess {
                 other => {
                     return Err(Fault::Protocol(format!(
                         "sent {} while request {id:?} was being answered",
-                        event_name(&other)
+                        other.describe()
                     )))
                 }
             }
         }
-    }
-}
-
-fn event_name(e: &Event) -> String {
-    match e {
-        Event::Ready(_) => "a ready event".into(),
-        Event::Result(r) => format!("a result for request {:?}", r.id),
-        Event::Done(d) => format!("done for request {:?}", d.id),
-        Event::Error(_) => "an error event".into(),
     }
 }
 

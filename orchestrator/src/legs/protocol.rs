@@ -1,5 +1,6 @@
 //! The leg protocol of docs/PROTOCOL.md: the events a leg sends and the requests we send it.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -10,12 +11,18 @@ pub struct Kv {
     pub capacity_tokens: u64,
     #[serde(default)]
     pub bytes: Option<u64>,
-    /// Keys a leg may add (vLLM's `vllm_reported_tokens`), kept for the record.
+    /// Keys a leg may add (`resize_option`; vLLM's `vllm_reported_tokens`), kept for the record.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
 
 impl Kv {
+    /// The option of the leg's own that sizes its pool in blocks (`resize_option`, e.g. vLLM's
+    /// `num_gpu_blocks_override`), where the leg names one: the kv gate's resize sets it.
+    pub fn resize_option(&self) -> Option<&str> {
+        self.extra.get("resize_option").and_then(Value::as_str)
+    }
+
     /// Pools within `tolerance_blocks` of the larger block size count as the same.
     pub fn within(&self, other: &Kv, tolerance_blocks: u64) -> bool {
         let slack = tolerance_blocks * self.block_size.max(other.block_size);
@@ -112,12 +119,26 @@ pub struct ErrorEvent {
     pub fatal: bool,
 }
 
+/// Every event a leg may send, by its `type`. A new event is a variant here, a line in
+/// [`parse_event`] and one in [`Event::describe`].
 #[derive(Debug, Clone)]
 pub enum Event {
     Ready(Box<Ready>),
     Result(PromptResult),
     Done(Done),
     Error(ErrorEvent),
+}
+
+impl Event {
+    /// The event in words, for a sentence saying it came when it should not have.
+    pub fn describe(&self) -> String {
+        match self {
+            Event::Ready(_) => "a ready event".into(),
+            Event::Result(r) => format!("a result for request {:?}", r.id),
+            Event::Done(d) => format!("done for request {:?}", d.id),
+            Event::Error(_) => "an error event".into(),
+        }
+    }
 }
 
 /// Why a stdout line is not a protocol event; the caller quotes the line.
@@ -165,6 +186,10 @@ pub const EVENT_FIELDS: &[(&str, &[&str])] = &[
     ),
     ("done", &["type", "id", "wall_s", "tokens"]),
     ("error", &["type", "id", "code", "message", "fatal"]),
+    (
+        "verified",
+        &["type", "id", "index", "argmax", "gap", "scale", "path"],
+    ),
 ];
 
 pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
@@ -187,54 +212,40 @@ pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
             return Err(LineProblem::UnknownFields(ty, unknown));
         }
     }
-    let bad = |e: serde_json::Error| LineProblem::BadFields(ty.clone(), e.to_string());
+    fn fields<T: DeserializeOwned>(ty: &str, v: Value) -> Result<T, LineProblem> {
+        serde_json::from_value(v).map_err(|e| LineProblem::BadFields(ty.into(), e.to_string()))
+    }
     match ty.as_str() {
-        "ready" => Ok(Event::Ready(Box::new(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        ))),
-        "result" => Ok(Event::Result(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        )),
-        "done" => Ok(Event::Done(serde_json::from_value(v.clone()).map_err(bad)?)),
-        "error" => Ok(Event::Error(
-            serde_json::from_value(v.clone()).map_err(bad)?,
-        )),
+        "ready" => Ok(Event::Ready(Box::new(fields(&ty, v)?))),
+        "result" => Ok(Event::Result(fields(&ty, v)?)),
+        "done" => Ok(Event::Done(fields(&ty, v)?)),
+        "error" => Ok(Event::Error(fields(&ty, v)?)),
         _ => Err(LineProblem::UnknownType(ty)),
     }
 }
 
+/// Every request the orchestrator sends, tagged by `type`. A new request is a variant here.
 #[derive(Debug, Clone, Serialize)]
-pub struct Generate<'a> {
-    #[serde(rename = "type")]
-    pub ty: &'static str,
-    pub id: &'a str,
-    pub prompts: &'a [Vec<u32>],
-    pub max_tokens: u32,
-    pub ignore_eos: bool,
-    pub batch: u32,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request<'a> {
+    Generate {
+        id: &'a str,
+        prompts: &'a [Vec<u32>],
+        max_tokens: u32,
+        ignore_eos: bool,
+        batch: u32,
+    },
+    Shutdown,
 }
 
-pub fn generate_line(
-    id: &str,
-    prompts: &[Vec<u32>],
-    max_tokens: u32,
-    ignore_eos: bool,
-    batch: u32,
-) -> String {
-    let g = Generate {
-        ty: "generate",
-        id,
-        prompts,
-        max_tokens,
-        ignore_eos,
-        batch,
-    };
-    let mut s = serde_json::to_string(&g).expect("a generate request always serializes");
-    s.push('\n');
-    s
+impl Request<'_> {
+    /// The request as one protocol line, newline included.
+    pub fn line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("a request always serializes");
+        s.push('\n');
+        s
+    }
 }
-
-pub const SHUTDOWN_LINE: &str = "{\"type\":\"shutdown\"}\n";
 
 #[cfg(test)]
 mod tests {
@@ -257,6 +268,23 @@ mod tests {
         assert!(kv(16, 33).within(&kv(512, 1), 1));
         assert_eq!(blocks_for(1000, 16), 63);
         assert_eq!(blocks_for(1024, 16), 64);
+    }
+
+    #[test]
+    fn requests_are_one_line_each_tagged_by_type() {
+        let prompts = vec![vec![1, 2]];
+        let g = Request::Generate {
+            id: "r0-n8",
+            prompts: &prompts,
+            max_tokens: 8,
+            ignore_eos: true,
+            batch: 1,
+        };
+        assert_eq!(
+            g.line(),
+            "{\"type\":\"generate\",\"id\":\"r0-n8\",\"prompts\":[[1,2]],\"max_tokens\":8,\"ignore_eos\":true,\"batch\":1}\n"
+        );
+        assert_eq!(Request::Shutdown.line(), "{\"type\":\"shutdown\"}\n");
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! environment, log file and sampler, built from the unit and what preflight found; and what
 //! each pass over the battery asks it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::legs::lease::LeaseTarget;
 use crate::legs::record::{LegName, RequestKind};
 use crate::legs::sampler::SamplerSpec;
 use crate::unit::preflight::{self, Checked};
-use crate::unit::{OracleBackend, Unit};
+use crate::unit::Unit;
 
 /// How to start a leg.
 #[derive(Debug, Clone)]
@@ -88,9 +89,15 @@ pub fn engine_argv(unit: &Unit, binary: &Path, num_blocks: Option<u64>) -> Vec<S
     v
 }
 
-/// The oracle's argv: `[oracle.options]` snake_case keys become `--kebab-case VALUE` flags (a
-/// true boolean a bare flag, false omitted), as `python -m oracle serve --help` lists them.
-pub fn oracle_argv(unit: &Unit, python: &str, blocks_override: Option<u64>) -> Vec<String> {
+/// The oracle's argv: `[oracle.options]` and `extra` (which wins: the kv gate's resize),
+/// snake_case keys, become `--kebab-case VALUE` flags (a true boolean a bare flag, false
+/// omitted), as `python -m oracle serve --help` lists them. The keys are the backend's own: the
+/// orchestrator passes them through without knowing any.
+pub fn oracle_argv(
+    unit: &Unit,
+    python: &str,
+    extra: &BTreeMap<String, toml::Value>,
+) -> Vec<String> {
     let o = &unit.config.oracle;
     let mut v = vec![
         python.to_string(),
@@ -98,7 +105,7 @@ pub fn oracle_argv(unit: &Unit, python: &str, blocks_override: Option<u64>) -> V
         "oracle".into(),
         "serve".into(),
         "--backend".into(),
-        o.backend.as_str().into(),
+        o.backend.clone(),
         "--model".into(),
         unit.model_dir().display().to_string(),
         "--device".into(),
@@ -107,12 +114,7 @@ pub fn oracle_argv(unit: &Unit, python: &str, blocks_override: Option<u64>) -> V
         o.dtype.clone(),
     ];
     let mut opts = o.options.clone();
-    if let Some(n) = blocks_override {
-        opts.insert(
-            "num_gpu_blocks_override".into(),
-            toml::Value::Integer(n as i64),
-        );
-    }
+    opts.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, val) in &opts {
         let flag = format!("--{}", k.replace('_', "-"));
         match val {
@@ -136,21 +138,40 @@ pub fn lease_target(unit: &Unit) -> LeaseTarget {
     }
 }
 
-/// A leg's spec: its argv (`resize`: the pool size the kv gate's resize asks for), its log
-/// and series files beside the record's `stem` (with `suffix`, e.g. "-resized"), its
-/// environment and what the samplers watch.
+/// The pool the kv gate's resize asks a leg for: `blocks` blocks. The engine takes
+/// `--num-blocks`; the oracle takes it through the option of its backend's that its
+/// `ready.kv.resize_option` named (`option`).
+#[derive(Debug, Clone)]
+pub struct Resize {
+    pub blocks: u64,
+    pub option: Option<String>,
+}
+
+/// The environment variable that tells the oracle which GPU the run leased (a backend that runs
+/// on "the visible GPU", as vLLM does, makes it the visible one; docs/PROTOCOL.md).
+pub const LEASED_GPU_ENV: &str = "LLM_BENCH_LEASED_GPU";
+
+/// A leg's spec: its argv (`resize`: the kv gate's resize), its log and series files beside the
+/// record's `stem` (with `suffix`, e.g. "-resized"), its environment and what the samplers
+/// watch.
 pub fn leg_spec(
     checked: &Checked,
     leg: LegName,
     stem: &Path,
     lease: &LeaseTarget,
-    resize: Option<u64>,
+    resize: Option<&Resize>,
     suffix: &str,
 ) -> LegSpec {
     let c = checked;
     let argv = match leg {
-        LegName::Engine => engine_argv(&c.unit, &c.engine_binary, resize),
-        LegName::Oracle => oracle_argv(&c.unit, &c.python, resize),
+        LegName::Engine => engine_argv(&c.unit, &c.engine_binary, resize.map(|r| r.blocks)),
+        LegName::Oracle => {
+            let extra = resize
+                .and_then(|r| Some((r.option.clone()?, toml::Value::Integer(r.blocks as i64))))
+                .into_iter()
+                .collect();
+            oracle_argv(&c.unit, &c.python, &extra)
+        }
     };
     let beside = |what: &str| {
         let mut p = stem.as_os_str().to_owned();
@@ -165,18 +186,16 @@ pub fn leg_spec(
         },
         nvml_period_ms: sc.nvml_period_ms,
         host_period_ms: sc.host_period_ms,
-        series: Some(beside("samples.jsonl")),
+        series: Some(beside("samples.jsonl.gz")),
     };
     let mut env = vec![(
         "PYTHONPATH".to_string(),
         preflight::pythonpath(&c.project_root),
     )];
-    // vLLM takes "the visible GPU": make that the leased one. (The engine names its GPU in
-    // --device cuda:N, which a narrowed CUDA_VISIBLE_DEVICES would renumber.)
-    if let (LegName::Oracle, OracleBackend::Vllm, LeaseTarget::Gpu(n)) =
-        (leg, c.unit.config.oracle.backend, lease)
-    {
-        env.push(("CUDA_VISIBLE_DEVICES".into(), n.to_string()));
+    // The oracle's backend decides what the leased GPU means to it. (The engine names its GPU
+    // in --device cuda:N.)
+    if let (LegName::Oracle, LeaseTarget::Gpu(n)) = (leg, lease) {
+        env.push((LEASED_GPU_ENV.into(), n.to_string()));
     }
     LegSpec {
         leg,
@@ -193,14 +212,11 @@ pub fn leg_spec(
 mod tests {
     use super::*;
 
-    const UNIT: &str = r#"
-name = "t"
-model = "model"
-[battery]
-prompts = "prompts.json"
-[[golden]]
-file = "golden.json"
-[engine]
+    /// A minimal unit with an engine on GPU 1 and a vLLM oracle with options.
+    fn unit() -> Unit {
+        let text = crate::unit::tests::MINIMAL.replace(
+            "[oracle]\nbackend = \"transformers\"\n",
+            r#"[engine]
 device = "cuda:1"
 block_size = 16
 kv_cache_memory = 1000000
@@ -213,17 +229,24 @@ enforce_eager = true
 seed = 0
 gpu_memory_utilization = 0.3
 attention_backend = "FLASH_ATTN"
-"#;
+"#,
+        );
+        Unit::parse(Path::new("/u/unit.toml"), &text).unwrap()
+    }
 
     #[test]
     fn argv_follow_the_legs_command_lines() {
-        let u = Unit::parse(Path::new("/u/unit.toml"), UNIT).unwrap();
+        let u = unit();
         let e = engine_argv(&u, Path::new("/r/engine"), None).join(" ");
         assert_eq!(e, "/r/engine serve --model /u/model --device cuda:1 --block-size 16 --kv-cache-memory 1000000");
         // A kv resize replaces the byte budget by a block count.
         let e = engine_argv(&u, Path::new("/r/engine"), Some(40)).join(" ");
         assert!(e.ends_with("--block-size 16 --num-blocks 40"), "{e}");
-        let o = oracle_argv(&u, "py", Some(99)).join(" ");
+        let resize = BTreeMap::from([(
+            "num_gpu_blocks_override".to_string(),
+            toml::Value::Integer(99),
+        )]);
+        let o = oracle_argv(&u, "py", &resize).join(" ");
         assert_eq!(
             o,
             "py -m oracle serve --backend vllm --model /u/model --device cuda --dtype bfloat16 \

@@ -10,7 +10,7 @@ use crate::legs::{LegName, LegRecord};
 use crate::numbers::timing::{median_of, Timings};
 use ::stats::median;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Better {
     /// A time: the smaller side is faster.
@@ -21,23 +21,68 @@ pub enum Better {
     LessMemory,
     /// A size that should match (KV pool): no side is better.
     Neither,
+    /// A kind this orchestrator does not know, read from a record (or none given there).
+    #[default]
+    #[serde(other)]
+    Other,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl Better {
+    /// As the record spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Better::Lower => "lower",
+            Better::Higher => "higher",
+            Better::LessMemory => "less_memory",
+            Better::Neither => "neither",
+            Better::Other => "other",
+        }
+    }
+}
+
+/// One row of the ratio table. Every field but the name has a default, so that the archive
+/// reads records of other versions of the same schema (record/archive.rs).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Axis {
     pub axis: String,
+    #[serde(default)]
     pub unit: String,
+    #[serde(default)]
     pub better: Better,
+    #[serde(default)]
     pub ours: Option<f64>,
+    #[serde(default)]
     pub oracle: Option<f64>,
     /// ours / oracle.
+    #[serde(default)]
     pub ratio: Option<f64>,
+    #[serde(default)]
     pub words: String,
     /// The leg's timings are refused by a gate: shown, never presented as gated.
+    #[serde(default)]
     pub ours_refused: bool,
+    #[serde(default)]
     pub oracle_refused: bool,
     /// Why the axis is not like-for-like, when it is not.
+    #[serde(default)]
     pub note: Option<String>,
+}
+
+impl Axis {
+    /// A speed axis: a time or a rate, where "faster" means something.
+    pub fn is_speed(&self) -> bool {
+        matches!(self.better, Better::Lower | Better::Higher)
+    }
+    /// A size: memory or a pool (or named so).
+    pub fn is_size(&self) -> bool {
+        matches!(self.better, Better::LessMemory | Better::Neither)
+            || self.axis.contains("memory")
+            || self.axis.contains("KV")
+    }
+    /// Whether a refusal that withholds `scope` concerns this axis.
+    pub fn concerned_by(&self, scope: &Scope) -> bool {
+        scope.axes.concern(self.is_speed(), self.is_size())
+    }
 }
 
 /// Within this relative difference two figures are called "same".
@@ -53,7 +98,9 @@ pub fn words(better: Better, ours: f64, oracle: f64) -> String {
     }
     let (ours_wins, f) = match better {
         Better::Lower | Better::LessMemory => (r < 1.0, if r < 1.0 { 1.0 / r } else { r }),
-        Better::Higher | Better::Neither => (r > 1.0, if r > 1.0 { r } else { 1.0 / r }),
+        Better::Higher | Better::Neither | Better::Other => {
+            (r > 1.0, if r > 1.0 { r } else { 1.0 / r })
+        }
     };
     let f = fmt_factor(f);
     match (better, ours_wins) {
@@ -61,8 +108,8 @@ pub fn words(better: Better, ours: f64, oracle: f64) -> String {
         (Better::Lower | Better::Higher, false) => format!("oracle {f}x faster"),
         (Better::LessMemory, true) => format!("ours uses {f}x less"),
         (Better::LessMemory, false) => format!("oracle uses {f}x less"),
-        (Better::Neither, true) => format!("ours {f}x larger"),
-        (Better::Neither, false) => format!("ours {f}x smaller"),
+        (Better::Neither | Better::Other, true) => format!("ours {f}x larger"),
+        (Better::Neither | Better::Other, false) => format!("ours {f}x smaller"),
     }
 }
 
@@ -111,17 +158,6 @@ pub fn per_token_ratio(axes: &[Axis]) -> Option<f64> {
     axes.iter()
         .find(|x| x.axis.starts_with(PER_TOKEN))
         .and_then(|x| x.ratio)
-}
-
-/// Whether an axis is a speed (a time or a rate) and whether it is a size (memory or a pool),
-/// from its `better` as the record spells it and its name: what a refusal's `axes` scope
-/// (gates/scope.rs) concerns.
-pub fn kind_of(better: &str, name: &str) -> (bool, bool) {
-    let speed = matches!(better, "lower" | "higher");
-    let size = matches!(better, "less_memory" | "neither")
-        || name.contains("memory")
-        || name.contains("KV");
-    (speed, size)
 }
 
 /// The axes a run measures, from both legs' records and timings; the refusals among `gates`

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::gates::{stored_scope, Scope};
 use crate::legs::LegName;
-use crate::numbers::axes::kind_of;
+use crate::numbers::axes::Axis;
 use crate::record::SCHEMA;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -32,7 +32,7 @@ pub struct RecordView {
     pub timings: TimingsPair,
     #[serde(default)]
     pub gates: Vec<GateView>,
-    pub axes: Vec<AxisView>,
+    pub axes: Vec<Axis>,
     #[serde(default)]
     pub refusals: Vec<String>,
     /// What the idle check said before each leg.
@@ -173,42 +173,6 @@ impl GateView {
             Some("oracle") => Some(LegName::Oracle),
             _ => None,
         }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct AxisView {
-    pub axis: String,
-    #[serde(default)]
-    pub unit: String,
-    /// `lower`, `higher`, `less_memory`, `neither` (kept as text so a new kind still reads).
-    #[serde(default)]
-    pub better: String,
-    #[serde(default)]
-    pub ours: Option<f64>,
-    #[serde(default)]
-    pub oracle: Option<f64>,
-    #[serde(default)]
-    pub ratio: Option<f64>,
-    #[serde(default)]
-    pub words: String,
-    #[serde(default)]
-    pub ours_refused: bool,
-    #[serde(default)]
-    pub oracle_refused: bool,
-    #[serde(default)]
-    pub note: Option<String>,
-}
-
-impl AxisView {
-    /// A speed axis: a time or a rate, where "faster" means something.
-    pub fn is_speed(&self) -> bool {
-        kind_of(&self.better, &self.axis).0
-    }
-    /// Whether a refusal that withholds `scope` concerns this axis.
-    fn concerned_by(&self, scope: &Scope) -> bool {
-        let (speed, size) = kind_of(&self.better, &self.axis);
-        scope.axes.concern(speed, size)
     }
 }
 
@@ -437,7 +401,7 @@ impl RecordView {
     /// The refused gates that concern `axis`: those whose scope names its kind (each gate
     /// states what its refusal withholds, gates/scope.rs). With `engine_only`, refusals of the
     /// oracle leg are left out (our absolute figures do not depend on the oracle's tokens).
-    pub fn refusals_for(&self, axis: &AxisView, engine_only: bool) -> Vec<&GateView> {
+    pub fn refusals_for(&self, axis: &Axis, engine_only: bool) -> Vec<&GateView> {
         self.gates
             .iter()
             .filter(|g| g.refused())
@@ -447,7 +411,7 @@ impl RecordView {
     }
     /// Whether `axis` is gated: no refusal concerns it and neither leg's figures are marked
     /// refused on it (the marks are the record's own verdict; the gates say why).
-    pub fn gated(&self, axis: &AxisView, engine_only: bool) -> bool {
+    pub fn gated(&self, axis: &Axis, engine_only: bool) -> bool {
         let marked = axis.ours_refused || (!engine_only && axis.oracle_refused);
         !marked && self.refusals_for(axis, engine_only).is_empty()
     }

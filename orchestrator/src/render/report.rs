@@ -5,10 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::numbers::axes::Axis;
 use crate::numbers::noise::{self, LegNoise};
-use crate::record::archive::{self, AxisView, RecordView, Rejected, Stored, TimingsView};
+use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
 use crate::render::chart;
-use crate::render::table::{self, esc, RatioRow, RATIO_HEADER};
+use crate::render::table::{self, esc, ratio_cells, RATIO_HEADER};
 use crate::util::fmt::{and_list, fmt_num};
 
 /// The Markdown, and each chart as (file name under the charts directory, SVG).
@@ -33,11 +34,8 @@ fn latest_table(rec: &RecordView) -> String {
     table::markdown(
         RATIO_HEADER,
         rec.axes.iter().map(|a| {
-            let mut row = RatioRow::from(a);
-            if !rec.gated(a, false) && a.ratio.is_some() {
-                row.words = format!("{} (not gated)", row.words);
-            }
-            row.cells()
+            let ungated = !rec.gated(a, false) && a.ratio.is_some();
+            ratio_cells(a, if ungated { " (not gated)" } else { "" })
         }),
     )
 }
@@ -192,7 +190,7 @@ fn per_tree<'a>(records: &[&'a Stored]) -> Vec<&'a Stored> {
     v
 }
 
-fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a AxisView, f64, bool)> {
+fn point<'a>(rec: &'a RecordView, key: &str) -> Option<(&'a Axis, f64, bool)> {
     let a = rec.axes.iter().find(|a| axis_key(&a.axis) == key)?;
     Some((a, a.ratio?, rec.gated(a, false)))
 }

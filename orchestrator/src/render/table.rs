@@ -1,11 +1,9 @@
 //! Tables, for the terminal (comfy-table) or as Markdown: one code for the ratio table of a run
-//! (its terminal summary and its Markdown file), the latest table of BENCHMARKS.md and
-//! `compare`'s tables.
+//! (its terminal summary and its Markdown file) and of BENCHMARKS.md, and `compare`'s tables.
 
 use comfy_table::{presets, ContentArrangement, Table};
 
 use crate::numbers::axes::Axis;
-use crate::record::archive::AxisView;
 use crate::util::fmt::fmt_num;
 
 /// Text for a Markdown table cell or list item: `|` escaped, a line break made a space.
@@ -63,56 +61,6 @@ pub fn terminal<const N: usize>(
 
 pub const RATIO_HEADER: [&str; 5] = ["axis", "ours", "oracle", "ratio (ours/oracle)", "in words"];
 
-/// One row of the ratio table, from a run's axis or an archived record's.
-pub struct RatioRow<'a> {
-    pub axis: &'a str,
-    pub unit: &'a str,
-    pub ours: Option<f64>,
-    pub oracle: Option<f64>,
-    pub ratio: Option<f64>,
-    /// The words, with the axis's note after a semicolon.
-    pub words: String,
-    pub ours_refused: bool,
-    pub oracle_refused: bool,
-}
-
-fn with_note(words: &str, note: Option<&String>) -> String {
-    match note {
-        Some(n) => format!("{words}; {n}"),
-        None => words.to_string(),
-    }
-}
-
-impl<'a> From<&'a Axis> for RatioRow<'a> {
-    fn from(a: &'a Axis) -> Self {
-        RatioRow {
-            axis: &a.axis,
-            unit: &a.unit,
-            ours: a.ours,
-            oracle: a.oracle,
-            ratio: a.ratio,
-            words: with_note(&a.words, a.note.as_ref()),
-            ours_refused: a.ours_refused,
-            oracle_refused: a.oracle_refused,
-        }
-    }
-}
-
-impl<'a> From<&'a AxisView> for RatioRow<'a> {
-    fn from(a: &'a AxisView) -> Self {
-        RatioRow {
-            axis: &a.axis,
-            unit: &a.unit,
-            ours: a.ours,
-            oracle: a.oracle,
-            ratio: a.ratio,
-            words: with_note(&a.words, a.note.as_ref()),
-            ours_refused: a.ours_refused,
-            oracle_refused: a.oracle_refused,
-        }
-    }
-}
-
 /// A figure with its unit, "(refused)" when a gate withholds it, "-" when there is none.
 pub fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
     match x {
@@ -125,32 +73,33 @@ pub fn cell(x: Option<f64>, unit: &str, refused: bool) -> String {
     }
 }
 
-impl RatioRow<'_> {
-    pub fn cells(&self) -> [String; 5] {
-        [
-            self.axis.to_string(),
-            cell(self.ours, self.unit, self.ours_refused),
-            cell(self.oracle, self.unit, self.oracle_refused),
-            self.ratio
-                .map(|r| format!("{}x", fmt_num(r)))
-                .unwrap_or_else(|| "-".into()),
-            self.words.clone(),
-        ]
-    }
+/// One row of the ratio table: the figures, the ratio, and the words with the axis's note and
+/// `suffix` after them.
+pub fn ratio_cells(a: &Axis, suffix: &str) -> [String; 5] {
+    let note = a
+        .note
+        .as_ref()
+        .map(|n| format!("; {n}"))
+        .unwrap_or_default();
+    [
+        a.axis.clone(),
+        cell(a.ours, &a.unit, a.ours_refused),
+        cell(a.oracle, &a.unit, a.oracle_refused),
+        a.ratio
+            .map(|r| format!("{}x", fmt_num(r)))
+            .unwrap_or_else(|| "-".into()),
+        format!("{}{note}{suffix}", a.words),
+    ]
 }
 
 /// A run's ratio table for the terminal.
 pub fn ratio_terminal(axes: &[Axis]) -> String {
-    terminal(
-        RATIO_HEADER,
-        axes.iter().map(|a| RatioRow::from(a).cells()),
-        true,
-    )
+    terminal(RATIO_HEADER, axes.iter().map(|a| ratio_cells(a, "")), true)
 }
 
 /// A run's ratio table as Markdown.
 pub fn ratio_markdown(axes: &[Axis]) -> String {
-    markdown(RATIO_HEADER, axes.iter().map(|a| RatioRow::from(a).cells()))
+    markdown(RATIO_HEADER, axes.iter().map(|a| ratio_cells(a, "")))
 }
 
 #[cfg(test)]

@@ -113,7 +113,11 @@ fn panel(svg: &mut String, y0: f64, title: &str, rows: &[Row], no_gpu: Option<&s
             line.join(" ")
         );
     }
-    // Axes: MHz on the left, percent on the right, seconds below.
+    axis_labels(svg, top, sm_max, span);
+}
+
+/// Axes: MHz on the left, percent on the right, seconds below.
+fn axis_labels(svg: &mut String, top: f64, sm_max: f64, span: f64) {
     let _ = writeln!(
         svg,
         r##"<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">{:.0} MHz</text><text x="{}" y="{}" font-size="10" text-anchor="end" fill="#1f5fbf">0</text>"##,
@@ -238,18 +242,7 @@ mod tests {
             phase: "battery".into(),
         });
         for i in 0..50u64 {
-            rows.push(Row::Gpu {
-                t_us: i * 20_000,
-                phase: "battery".into(),
-                sm_mhz: Some(1980),
-                mem_mhz: None,
-                power_mw: None,
-                temp_c: None,
-                throttle: None,
-                persistence: None,
-                used_bytes: None,
-                procs: None,
-            });
+            rows.push(Row::poll(i * 20_000, "battery", Some(1980)));
             rows.push(Row::Util {
                 t_us: i * 20_000,
                 phase: "battery".into(),

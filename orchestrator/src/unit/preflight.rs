@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::unit::facts::ModelFacts;
 use crate::unit::{self, Golden, Prompt, Unit};
 use crate::util::term::sayln;
 
@@ -58,15 +59,29 @@ pub struct Checked {
 pub struct Report {
     pub lines: Vec<String>,
     pub failures: Vec<CheckFailure>,
+    /// Each line also goes to stderr as it is decided.
+    print: bool,
 }
 
 impl Report {
+    fn say(&mut self, line: String) {
+        if self.print {
+            sayln!("[check] {line}");
+        }
+        self.lines.push(line);
+    }
     fn ok(&mut self, check: &str, what: String) {
-        self.lines.push(format!("ok   {check}: {what}"));
+        self.say(format!("ok   {check}: {what}"));
     }
     fn fail(&mut self, check: &'static str, message: String) {
-        self.lines.push(format!("FAIL {check}: {message}"));
+        self.say(format!("FAIL {check}: {message}"));
         self.failures.push(CheckFailure { check, message });
+    }
+    fn check(&mut self, check: &'static str, r: Result<String, String>) {
+        match r {
+            Ok(what) => self.ok(check, what),
+            Err(m) => self.fail(check, m),
+        }
     }
 }
 
@@ -78,77 +93,6 @@ fn interrupted(rep: &mut Report, when: &str) -> bool {
             true
         }
         None => false,
-    }
-}
-
-/// What preflight reads from the model's config.json to check the data files against it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelFacts {
-    pub vocab_size: u64,
-    /// `eos_token_id` (an int or a list); empty where config.json gives none.
-    pub eos: Vec<u64>,
-}
-
-impl ModelFacts {
-    /// None where config.json is unreadable or has no `vocab_size` (the model check says why).
-    pub fn read(model_dir: &Path) -> Option<ModelFacts> {
-        let cfg = read_json(&model_dir.join("config.json")).ok()?;
-        let vocab_size = cfg.get("vocab_size")?.as_u64()?;
-        let eos = match cfg.get("eos_token_id") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
-            Some(v) => v.as_u64().into_iter().collect(),
-            None => vec![],
-        };
-        Some(ModelFacts { vocab_size, eos })
-    }
-
-    /// Every prompt token is in the vocabulary (else both legs fail with `bad_token`).
-    pub fn check_prompts(&self, prompts: &[Prompt]) -> Result<String, String> {
-        let v = self.vocab_size;
-        let bad: Vec<(&str, usize, u32)> = prompts
-            .iter()
-            .flat_map(|p| {
-                p.tokens
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &t)| u64::from(t) >= v)
-                    .map(|(i, &t)| (p.id.as_str(), i, t))
-            })
-            .collect();
-        match bad.first() {
-            None => Ok(format!("every prompt token is below vocab_size {v}")),
-            Some((id, i, t)) => Err(format!(
-                "{} prompt token(s) are outside the model's vocabulary [0, {v}) (config.json vocab_size), the first prompt {id:?} position {i}: {t}; both legs would refuse them (bad_token): the prompts were tokenized for another model",
-                bad.len()
-            )),
-        }
-    }
-
-    /// The golden's tokens are in the vocabulary, and an output shorter than `max_tokens` (only
-    /// allowed without ignore_eos, load_golden checks) ends at one of config.json's EOS ids.
-    pub fn check_golden(&self, g: &Golden, max_tokens: u32) -> Result<(), String> {
-        for o in &g.outputs {
-            if let Some(t) = o.tokens.iter().find(|&&t| u64::from(t) >= self.vocab_size) {
-                return Err(format!(
-                    "the output for prompt {:?} holds token {t}, outside the model's vocabulary [0, {}): the golden is not of this model",
-                    o.id, self.vocab_size
-                ));
-            }
-            let short = o.tokens.len() < max_tokens as usize;
-            let at_eos = o
-                .tokens
-                .last()
-                .is_some_and(|&t| self.eos.contains(&u64::from(t)));
-            if short && !g.ignore_eos && !self.eos.is_empty() && !at_eos {
-                return Err(format!(
-                    "the output for prompt {:?} holds {} token(s), fewer than max_tokens = {max_tokens}, and does not end at an EOS id {:?} of config.json: it was cut; recapture the golden",
-                    o.id,
-                    o.tokens.len(),
-                    self.eos
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -169,23 +113,15 @@ pub fn preflight(
     let mut rep = Report {
         lines: vec![],
         failures: vec![],
-    };
-    let say = |rep: &Report| {
-        if print {
-            if let Some(l) = rep.lines.last() {
-                sayln!("[check] {l}");
-            }
-        }
+        print,
     };
     let unit = match Unit::load(unit_path) {
         Ok(u) => {
             rep.ok("unit", format!("{} parses", unit_path.display()));
-            say(&rep);
             u
         }
         Err(e) => {
             rep.fail("unit", e.to_string());
-            say(&rep);
             return (rep, None);
         }
     };
@@ -197,95 +133,45 @@ pub fn preflight(
                 unit.dir.display()
             ),
         );
-        say(&rep);
         return (rep, None);
     };
-
     let prompts = match unit::load_prompts(&unit.prompts_path()) {
         Ok(p) => {
             rep.ok("prompts", format!("{} prompt(s), schema 1", p.len()));
-            say(&rep);
             Some(p)
         }
         Err(e) => {
             rep.fail("prompts", e.to_string());
-            say(&rep);
             None
         }
     };
-
-    match check_model(&unit.model_dir()) {
-        Ok(what) => rep.ok("model", what),
-        Err(m) => rep.fail("model", m),
-    }
-    say(&rep);
+    rep.check("model", check_model(&unit.model_dir()));
     let facts = ModelFacts::read(&unit.model_dir());
     if let (Some(prompts), Some(facts)) = (&prompts, &facts) {
-        match facts.check_prompts(prompts) {
-            Ok(what) => rep.ok("vocabulary", what),
-            Err(m) => rep.fail("vocabulary", m),
-        }
-        say(&rep);
+        rep.check("vocabulary", facts.check_prompts(prompts));
     }
-
-    let mut goldens = BTreeMap::new();
-    if let Some(prompts) = &prompts {
-        for g in &unit.config.golden {
-            let path = unit.resolve(&g.file);
-            let loaded = unit::load_golden(&path, &unit.config.battery, prompts)
-                .map_err(|e| e.to_string())
-                .and_then(|gold| match &facts {
-                    Some(f) => f
-                        .check_golden(&gold, unit.config.battery.max_tokens)
-                        .map(|()| gold)
-                        .map_err(|m| format!("{}: {m}", path.display())),
-                    None => Ok(gold),
-                });
-            match loaded {
-                Ok(gold) => {
-                    rep.ok(
-                        "golden",
-                        format!(
-                            "{} ({} outputs, {} tokens, captured by {} on {} {})",
-                            g.file.display(),
-                            gold.outputs.len(),
-                            gold.max_tokens,
-                            gold.capture.backend.as_deref().unwrap_or("?"),
-                            gold.capture.device.as_deref().unwrap_or("?"),
-                            gold.capture.dtype.as_deref().unwrap_or("?")
-                        ),
-                    );
-                    goldens.insert(g.file.clone(), gold);
-                }
-                Err(e) => rep.fail("golden", e),
-            }
-            say(&rep);
-        }
-    }
-
+    let goldens = match &prompts {
+        Some(p) => load_goldens(&mut rep, &unit, p, facts.as_ref()),
+        None => BTreeMap::new(),
+    };
     let engine_binary = unit.engine_binary(&root);
-    match check_executable(&engine_binary) {
-        Ok(()) => rep.ok("engine", format!("{} is executable", engine_binary.display())),
-        Err(m) => rep.fail(
-            "engine",
-            format!(
+    rep.check(
+        "engine",
+        check_executable(&engine_binary)
+            .map(|()| format!("{} is executable", engine_binary.display()))
+            .map_err(|m| format!(
                 "{m}; build it with `cargo build --release -p engine` (engine.binary is relative to the project root {})",
                 root.display()
-            ),
-        ),
-    }
-    say(&rep);
-
+            )),
+    );
     let python = oracle_python(&unit, python_cli);
     if !interrupted(&mut rep, "before the oracle check") {
-        match check_oracle(&python, unit.config.oracle.backend.as_str(), &root) {
-            Ok(what) => rep.ok("oracle", what),
-            Err(m) => rep.fail("oracle", m),
-        }
-        say(&rep);
+        rep.check(
+            "oracle",
+            check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+        );
         interrupted(&mut rep, "during the oracle check, which was stopped");
     }
-
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,
         project_root: root,
@@ -295,6 +181,48 @@ pub fn preflight(
         python,
     });
     (rep, checked)
+}
+
+/// Each `[[golden]]` of the unit, loaded and checked against the battery and the model's
+/// vocabulary and EOS ids (`facts`), by its file name.
+fn load_goldens(
+    rep: &mut Report,
+    unit: &Unit,
+    prompts: &[Prompt],
+    facts: Option<&ModelFacts>,
+) -> BTreeMap<PathBuf, Golden> {
+    let mut goldens = BTreeMap::new();
+    for g in &unit.config.golden {
+        let path = unit.resolve(&g.file);
+        let loaded = unit::load_golden(&path, &unit.config.battery, prompts)
+            .map_err(|e| e.to_string())
+            .and_then(|gold| match facts {
+                Some(f) => f
+                    .check_golden(&gold, unit.config.battery.max_tokens)
+                    .map(|()| gold)
+                    .map_err(|m| format!("{}: {m}", path.display())),
+                None => Ok(gold),
+            });
+        match loaded {
+            Ok(gold) => {
+                rep.ok(
+                    "golden",
+                    format!(
+                        "{} ({} outputs, {} tokens, captured by {} on {} {})",
+                        g.file.display(),
+                        gold.outputs.len(),
+                        gold.max_tokens,
+                        gold.capture.backend.as_deref().unwrap_or("?"),
+                        gold.capture.device.as_deref().unwrap_or("?"),
+                        gold.capture.dtype.as_deref().unwrap_or("?")
+                    ),
+                );
+                goldens.insert(g.file.clone(), gold);
+            }
+            Err(e) => rep.fail("golden", e),
+        }
+    }
+    goldens
 }
 
 fn check_executable(p: &Path) -> Result<(), String> {
@@ -466,6 +394,7 @@ fn check_oracle(python: &str, backend: &str, root: &Path) -> Result<String, Stri
             None => format!("`{shown}` could not be run ({e}); set [oracle] python, --python or LLM_BENCH_PYTHON to an interpreter with the oracle's requirements"),
         }
     })?;
+
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -577,62 +506,22 @@ mod tests {
         std::fs::write(p, b).unwrap();
     }
 
-    fn golden(ignore_eos: bool, outputs: &[(&str, &[u32])]) -> Golden {
-        serde_json::from_value(serde_json::json!({"schema": 1, "max_tokens": 4,
-            "ignore_eos": ignore_eos, "capture": {},
-            "outputs": outputs.iter().map(|(id, t)| serde_json::json!({"id": id, "tokens": t}))
-                .collect::<Vec<_>>()}))
-        .unwrap()
-    }
-
-    /// Token ids >= vocab passed preflight, then both legs failed with bad_token (exit 2); a
-    /// golden cut short without ignore_eos blamed correct legs.
+    /// The backends are the oracle's list (oracle/backends/__init__.py), not a second one here:
+    /// a unit names any backend, and the oracle's own check refuses one it does not serve.
     #[test]
-    fn data_files_are_checked_against_config_json() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(
-            d.path().join("config.json"),
-            r#"{"vocab_size": 512, "eos_token_id": [2, 7]}"#,
+    fn an_unknown_backend_is_refused_by_the_oracles_own_check() {
+        let unit = Unit::parse(
+            Path::new("/x/unit.toml"),
+            "name = \"t\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\n[[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"tensorrt\"\n",
         )
         .unwrap();
-        let f = ModelFacts::read(d.path()).unwrap();
-        assert_eq!(
-            f,
-            ModelFacts {
-                vocab_size: 512,
-                eos: vec![2, 7]
-            }
-        );
-        let p = |id: &str, t: &[u32]| Prompt {
-            id: id.into(),
-            tokens: t.to_vec(),
-        };
-        assert!(f.check_prompts(&[p("a", &[1, 511])]).is_ok());
-        let e = f
-            .check_prompts(&[p("a", &[1]), p("b", &[3, 512, 9000])])
-            .unwrap_err();
+        assert_eq!(unit.config.oracle.backend, "tensorrt");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let e = check_oracle("python3", &unit.config.oracle.backend, root).unwrap_err();
         assert!(
-            e.starts_with("2 prompt token(s) are outside the model's vocabulary [0, 512)"),
+            e.contains("invalid choice") && e.contains("tensorrt") && e.contains("vllm"),
             "{e}"
         );
-        assert!(e.contains("prompt \"b\" position 1: 512"), "{e}");
-
-        assert!(f
-            .check_golden(&golden(true, &[("a", &[1, 2, 3, 4])]), 4)
-            .is_ok());
-        let e = f
-            .check_golden(&golden(true, &[("a", &[1, 600, 3, 4])]), 4)
-            .unwrap_err();
-        assert!(
-            e.contains("holds token 600, outside the model's vocabulary [0, 512)"),
-            "{e}"
-        );
-        // Without ignore_eos a short output is fine where it stopped at an EOS id, not elsewhere.
-        assert!(f.check_golden(&golden(false, &[("a", &[1, 7])]), 4).is_ok());
-        let e = f
-            .check_golden(&golden(false, &[("a", &[1, 8])]), 4)
-            .unwrap_err();
-        assert!(e.contains("does not end at an EOS id [2, 7]"), "{e}");
     }
 
     #[test]

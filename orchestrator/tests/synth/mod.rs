@@ -103,12 +103,7 @@ impl Synth {
         let n = e_ptx.len();
         let mut axes = vec![];
         let mut axis = |name: String, unit: &str, better: Better, ours: f64, oracle: f64| {
-            let b = match better {
-                Better::Lower => "lower",
-                Better::Higher => "higher",
-                Better::LessMemory => "less_memory",
-                Better::Neither => "neither",
-            };
+            let b = better.as_str();
             let memory = matches!(better, Better::LessMemory | Better::Neither);
             axes.push(json!({
                 "axis": name, "unit": unit, "better": b, "ours": ours, "oracle": oracle,

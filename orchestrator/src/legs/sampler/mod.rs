@@ -3,140 +3,34 @@
 //! reasons, persistence, per-process memory, and utilization from the driver's own sample
 //! buffer) and host memory of the leg's process tree through sysinfo. The orchestrator marks the
 //! leg's phases on a shared [`PhaseMarker`]; every row carries the phase it fell in. The series
-//! is kept beside the record as JSON lines (`<stem>.<leg>.samples.jsonl`, docs/RECORD.md), the
-//! summary goes into the leg record, and the threads' own CPU time is measured and reported.
+//! is kept beside the record as gzip-compressed JSON lines (`<stem>.<leg>.samples.jsonl.gz`,
+//! docs/RECORD.md; series.rs), the summary goes into the leg record, and the threads' own CPU
+//! time is measured and reported.
 //!
 //! No NVML (no GPU, no driver) is said once, and the GPU gates then say "not applicable: no GPU".
 
 pub mod gpu;
 pub mod host;
 pub mod nvml;
+pub mod series;
 pub mod summary;
+mod threads;
 
 use crate::util::term::sayln;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 pub use gpu::{FakeGpu, Gpu, GpuInfo, GpuProc, GpuState};
 pub use host::{thread_cpu_s, HostMemSummary};
+pub use series::{read_series, write_series, ProcMem, Row};
 pub use summary::GpuSummary;
-
-/// Microseconds since the epoch: the clock NVML stamps its utilization samples with.
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-/// The leg's phase as the orchestrator last marked it, shared with the sampler threads. Marks
-/// are kept with their times so that samples the driver stamped earlier (the utilization
-/// buffer is read in batches) are attributed to the phase they really fell in.
-#[derive(Debug, Clone, Default)]
-pub struct PhaseMarker(Arc<Mutex<Vec<(u64, String)>>>);
-
-impl PhaseMarker {
-    pub fn set(&self, phase: &str) {
-        if let Ok(mut v) = self.0.lock() {
-            v.push((now_us(), phase.to_string()));
-        }
-    }
-    pub fn marks(&self) -> Vec<(u64, String)> {
-        self.0.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-    /// The phase in force at `t_us` ("start" before the first mark).
-    pub fn at(&self, t_us: u64) -> String {
-        phase_at(&self.marks(), t_us)
-    }
-}
-
-fn phase_at(marks: &[(u64, String)], t_us: u64) -> String {
-    marks
-        .iter()
-        .rev()
-        .find(|(t, _)| *t <= t_us)
-        .map(|(_, p)| p.clone())
-        .unwrap_or_else(|| "start".into())
-}
-
-/// A process's GPU memory in one poll.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProcMem {
-    pub pid: u32,
-    pub bytes: u64,
-}
-
-/// One line of a series file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Row {
-    /// The first line: what was sampled, and on which boot.
-    Meta {
-        leg: String,
-        gpu: Option<GpuInfo>,
-        /// Why there is no GPU data, when there is none.
-        no_gpu: Option<String>,
-        boot_id: Option<String>,
-        nvml_period_ms: u64,
-        host_period_ms: u64,
-    },
-    /// The orchestrator entered `phase` at `t_us`.
-    Phase { t_us: u64, phase: String },
-    /// One NVML poll. `procs` (the leg's processes holding GPU memory) is polled less often
-    /// than the clocks, so it is absent on most rows.
-    Gpu {
-        t_us: u64,
-        phase: String,
-        sm_mhz: Option<u32>,
-        mem_mhz: Option<u32>,
-        power_mw: Option<u32>,
-        temp_c: Option<u32>,
-        throttle: Option<u64>,
-        persistence: Option<bool>,
-        used_bytes: Option<u64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        procs: Option<Vec<ProcMem>>,
-    },
-    /// One utilization sample: `source` "buffer" (the driver's sample buffer, stamped by the
-    /// driver) or "poll" (the instantaneous reading, where the buffer is unsupported).
-    Util {
-        t_us: u64,
-        phase: String,
-        pct: u32,
-        source: String,
-    },
-    /// Host RSS of the leg's process tree.
-    Host {
-        t_us: u64,
-        phase: String,
-        rss_bytes: u64,
-    },
-    /// A sampler thread's own cost, written when it stops.
-    Cost {
-        thread: String,
-        cpu_s: f64,
-        wall_s: f64,
-        polls: u64,
-    },
-}
-
-impl Row {
-    pub fn t_us(&self) -> Option<u64> {
-        match self {
-            Row::Phase { t_us, .. }
-            | Row::Gpu { t_us, .. }
-            | Row::Util { t_us, .. }
-            | Row::Host { t_us, .. } => Some(*t_us),
-            _ => None,
-        }
-    }
-}
+use threads::{gpu_loop, host_loop, GpuOut, HostOut};
+pub use threads::{now_us, LegPids, PhaseMarker};
 
 /// How to sample a leg ([sampler] in the unit, docs/UNIT.md).
 #[derive(Debug, Clone)]
@@ -188,59 +82,6 @@ pub struct SamplerReport {
     pub cpu_share: f64,
     /// Every pid of the leg seen holding GPU memory: the GPU straggler check looks for these.
     pub gpu_pids_seen: Vec<u32>,
-}
-
-/// Which processes are the leg's: its process group (pgid = the leg's pid), the leg's
-/// descendants, and the pids it announced in `ready.pids` (a server may start a process in a
-/// session of its own). None: every process (`clock sample`, which watches the whole GPU).
-#[derive(Debug, Clone, Default)]
-pub struct LegPids {
-    pub root: Option<u32>,
-    pub announced: Arc<Mutex<Vec<u32>>>,
-}
-
-impl LegPids {
-    pub fn belongs(&self, pid: u32) -> bool {
-        let Some(root) = self.root else {
-            return true;
-        };
-        if pid == root
-            || self
-                .announced
-                .lock()
-                .map(|v| v.contains(&pid))
-                .unwrap_or(false)
-        {
-            return true;
-        }
-        if matches!(crate::util::procfs::stat_state_pgid(pid as i32), Some((_, pg)) if pg == root as i32)
-        {
-            return true;
-        }
-        // A descendant that left the group: walk up the parents (bounded against cycles).
-        let mut cur = pid;
-        for _ in 0..64 {
-            match crate::util::procfs::parent_of(cur) {
-                Some(p) if p == root => return true,
-                Some(p) if p > 1 => cur = p,
-                _ => return false,
-            }
-        }
-        false
-    }
-}
-
-struct GpuOut {
-    rows: Vec<Row>,
-    cost: ThreadCost,
-    seen: BTreeSet<u32>,
-}
-
-struct HostOut {
-    rows: Vec<Row>,
-    cost: ThreadCost,
-    peak: u64,
-    samples: u64,
 }
 
 /// The samplers of one leg, running until [`LegSampler::finish`].
@@ -426,183 +267,6 @@ impl Drop for LegSampler {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// Sleeps to the next tick of a fixed grid, so a slow poll does not stretch the period.
-fn sleep_until(next: &mut Instant, period: Duration) {
-    *next += period;
-    let now = Instant::now();
-    if *next > now {
-        std::thread::sleep(*next - now);
-    } else {
-        *next = now; // fell behind: do not burst to catch up
-    }
-}
-
-fn gpu_loop(
-    mut g: Box<dyn Gpu>,
-    period: Duration,
-    stop: &AtomicBool,
-    phase: &PhaseMarker,
-    pids: &LegPids,
-) -> GpuOut {
-    let t0 = Instant::now();
-    let c0 = thread_cpu_s();
-    let mut rows = vec![];
-    let mut seen = BTreeSet::new();
-    // The buffer is read only for samples after the leg started; reading it every ~200 ms
-    // keeps the call count low (it holds seconds of samples).
-    let mut since = now_us();
-    let period_ms = period.as_millis().max(1) as u64;
-    let util_every = (200 / period_ms).max(1);
-    let procs_every = (100 / period_ms).max(1);
-    let mut buffer_ok = true;
-    let mut polls = 0u64;
-    let mut next = Instant::now();
-    let drain = |g: &mut Box<dyn Gpu>, rows: &mut Vec<Row>, since: &mut u64, ok: &mut bool| {
-        if !*ok {
-            return;
-        }
-        match g.utilization_samples(*since) {
-            Ok(v) => {
-                let marks = phase.marks();
-                for (t, pct) in v {
-                    if t > *since {
-                        *since = t;
-                    }
-                    rows.push(Row::Util {
-                        t_us: t,
-                        phase: phase_at(&marks, t),
-                        pct,
-                        source: "buffer".into(),
-                    });
-                }
-            }
-            Err(_) => *ok = false, // fall back to polling, below
-        }
-    };
-    loop {
-        let stopping = stop.load(Ordering::Relaxed);
-        let t_us = now_us();
-        let cur = phase_at(&phase.marks(), t_us);
-        let s = g.state();
-        let procs = (polls % procs_every == 0).then(|| {
-            g.processes()
-                .into_iter()
-                .filter(|p| pids.belongs(p.pid))
-                .map(|p| {
-                    seen.insert(p.pid);
-                    ProcMem {
-                        pid: p.pid,
-                        bytes: p.used_bytes.unwrap_or(0),
-                    }
-                })
-                .collect()
-        });
-        rows.push(Row::Gpu {
-            t_us,
-            phase: cur.clone(),
-            sm_mhz: s.sm_mhz,
-            mem_mhz: s.mem_mhz,
-            power_mw: s.power_mw,
-            temp_c: s.temp_c,
-            throttle: s.throttle,
-            persistence: s.persistence,
-            used_bytes: s.used_bytes,
-            procs,
-        });
-        if polls % util_every == 0 || stopping {
-            drain(&mut g, &mut rows, &mut since, &mut buffer_ok);
-        }
-        if !buffer_ok {
-            if let Some(pct) = g.utilization_now() {
-                rows.push(Row::Util {
-                    t_us,
-                    phase: cur,
-                    pct,
-                    source: "poll".into(),
-                });
-            }
-        }
-        polls += 1;
-        if stopping {
-            break;
-        }
-        sleep_until(&mut next, period);
-    }
-    GpuOut {
-        rows,
-        cost: ThreadCost {
-            thread: "nvml".into(),
-            cpu_s: thread_cpu_s() - c0,
-            wall_s: t0.elapsed().as_secs_f64(),
-            polls,
-        },
-        seen,
-    }
-}
-
-fn host_loop(root: u32, period: Duration, stop: &AtomicBool, phase: &PhaseMarker) -> HostOut {
-    let t0 = Instant::now();
-    let c0 = thread_cpu_s();
-    let mut sys = sysinfo::System::new();
-    let mut out = HostOut {
-        rows: vec![],
-        cost: ThreadCost::default(),
-        peak: 0,
-        samples: 0,
-    };
-    let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        let rss = host::tree_rss(&mut sys, root);
-        let t_us = now_us();
-        out.rows.push(Row::Host {
-            t_us,
-            phase: phase.at(t_us),
-            rss_bytes: rss,
-        });
-        out.samples += 1;
-        out.peak = out.peak.max(rss);
-        sleep_until(&mut next, period);
-    }
-    out.cost = ThreadCost {
-        thread: "host".into(),
-        cpu_s: thread_cpu_s() - c0,
-        wall_s: t0.elapsed().as_secs_f64(),
-        polls: out.samples,
-    };
-    out
-}
-
-pub fn write_series(path: &Path, rows: &[Row]) -> std::io::Result<()> {
-    let mut f = std::io::BufWriter::new(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)?,
-    );
-    for r in rows {
-        serde_json::to_writer(&mut f, r)?;
-        f.write_all(b"\n")?;
-    }
-    f.flush()
-}
-
-pub fn read_series(path: &Path) -> Result<Vec<Row>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the series {} ({e}); pass a file written by `orchestrator clock sample` or a run's <stem>.<leg>.samples.jsonl",
-            path.display()
-        )
-    })?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| format!("{} line {}: not a series row ({e})", path.display(), i + 1))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -96,141 +96,174 @@ pub fn battery_window(rows: &[Row]) -> Option<(u64, u64)> {
     Some((start, end))
 }
 
+/// What the window's rows add up to, as they are read.
+#[derive(Default)]
+struct Tally<'a> {
+    sm: Vec<f64>,
+    mem: Vec<f64>,
+    power: Vec<f64>,
+    temp_max: Option<u32>,
+    throttle: BTreeMap<String, u64>,
+    polls: u64,
+    persist_on: u64,
+    persist_off: u64,
+    util_n: u64,
+    busy_n: u64,
+    sources: Vec<&'a str>,
+    t_span: Option<(u64, u64)>,
+    /// Over the whole leg, not only the window: the load is where memory peaks.
+    peak_leg: Option<u64>,
+    peak_dev: Option<u64>,
+    baseline: Option<u64>,
+}
+
+impl<'a> Tally<'a> {
+    fn memory(&mut self, procs: &Option<Vec<super::ProcMem>>, used_bytes: Option<u64>) {
+        if let Some(p) = procs.as_ref().filter(|p| !p.is_empty()) {
+            let sum: u64 = p.iter().map(|m| m.bytes).sum();
+            self.peak_leg = Some(self.peak_leg.unwrap_or(0).max(sum));
+        }
+        if let Some(u) = used_bytes {
+            self.peak_dev = Some(self.peak_dev.unwrap_or(0).max(u));
+            self.baseline.get_or_insert(u);
+        }
+    }
+
+    /// One poll inside the window.
+    fn poll(&mut self, r: &Row) {
+        let Row::Gpu {
+            t_us,
+            sm_mhz,
+            mem_mhz,
+            power_mw,
+            temp_c,
+            throttle: bits,
+            persistence,
+            ..
+        } = r
+        else {
+            return;
+        };
+        let (lo, hi) = self.t_span.unwrap_or((*t_us, *t_us));
+        self.t_span = Some((lo.min(*t_us), hi.max(*t_us)));
+        self.polls += 1;
+        self.sm.extend(sm_mhz.map(f64::from));
+        self.mem.extend(mem_mhz.map(f64::from));
+        self.power.extend(power_mw.map(|p| p as f64 / 1000.0));
+        if let Some(t) = temp_c {
+            self.temp_max = Some(self.temp_max.unwrap_or(0).max(*t));
+        }
+        for name in throttle_names(bits.unwrap_or(0)) {
+            *self.throttle.entry(name).or_default() += 1;
+        }
+        match persistence {
+            Some(true) => self.persist_on += 1,
+            Some(false) => self.persist_off += 1,
+            None => {}
+        }
+    }
+
+    /// One utilization sample inside the window.
+    fn util(&mut self, pct: u32, source: &'a str) {
+        self.util_n += 1;
+        self.busy_n += u64::from(pct > 0);
+        if !self.sources.contains(&source) {
+            self.sources.push(source);
+        }
+    }
+}
+
 pub fn summarize(rows: &[Row]) -> GpuSummary {
     let (window, span) = match battery_window(rows) {
         Some(w) => ("battery", Some(w)),
         None => ("whole series", None),
     };
     let inside = |t: u64| span.is_none_or(|(a, b)| t >= a && t <= b);
-    let mut sm = vec![];
-    let mut mem = vec![];
-    let mut power = vec![];
-    let mut temp_max = None;
-    let mut throttle: BTreeMap<String, u64> = BTreeMap::new();
-    let mut polls = 0u64;
-    let mut persist_on = 0u64;
-    let mut persist_off = 0u64;
-    let mut peak_leg: Option<u64> = None;
-    let mut peak_dev: Option<u64> = None;
-    let mut baseline: Option<u64> = None;
-    let (mut util_n, mut busy_n) = (0u64, 0u64);
-    let mut sources: Vec<&str> = vec![];
-    let mut t_min = u64::MAX;
-    let mut t_max = 0u64;
+    let mut t = Tally::default();
     for r in rows {
         match r {
             Row::Gpu {
                 t_us,
-                sm_mhz,
-                mem_mhz,
-                power_mw,
-                temp_c,
-                throttle: bits,
-                persistence,
                 used_bytes,
                 procs,
                 ..
             } => {
-                if let Some(p) = procs.as_ref().filter(|p| !p.is_empty()) {
-                    let sum: u64 = p.iter().map(|m| m.bytes).sum();
-                    peak_leg = Some(peak_leg.unwrap_or(0).max(sum));
-                }
-                if let Some(u) = used_bytes {
-                    peak_dev = Some(peak_dev.unwrap_or(0).max(*u));
-                    baseline.get_or_insert(*u);
-                }
-                if !inside(*t_us) {
-                    continue;
-                }
-                t_min = t_min.min(*t_us);
-                t_max = t_max.max(*t_us);
-                polls += 1;
-                sm.extend(sm_mhz.map(f64::from));
-                mem.extend(mem_mhz.map(f64::from));
-                power.extend(power_mw.map(|p| p as f64 / 1000.0));
-                if let Some(t) = temp_c {
-                    temp_max = Some(temp_max.unwrap_or(0).max(*t));
-                }
-                for name in throttle_names(bits.unwrap_or(0)) {
-                    *throttle.entry(name).or_default() += 1;
-                }
-                match persistence {
-                    Some(true) => persist_on += 1,
-                    Some(false) => persist_off += 1,
-                    None => {}
+                t.memory(procs, *used_bytes);
+                if inside(*t_us) {
+                    t.poll(r);
                 }
             }
             Row::Util {
                 t_us, pct, source, ..
-            } if inside(*t_us) => {
-                util_n += 1;
-                busy_n += u64::from(*pct > 0);
-                if !sources.contains(&source.as_str()) {
-                    sources.push(source);
-                }
-            }
+            } if inside(*t_us) => t.util(*pct, source),
             _ => {}
         }
     }
-    sm.sort_by(f64::total_cmp);
-    let sm_mhz = match (
-        percentile(&sm, 0.05),
-        percentile(&sm, 0.5),
-        percentile(&sm, 0.95),
-    ) {
-        (Some(p5), Some(median), Some(p95)) => Some(ClockStats {
-            p5,
-            median,
-            p95,
-            spread_pct: if median > 0.0 {
-                (p95 - p5) / median * 100.0
-            } else {
-                0.0
-            },
-        }),
-        _ => None,
+    let window_s = match (span, t.t_span) {
+        (Some((a, b)), _) => (b - a) as f64 / 1e6,
+        (None, Some((lo, hi))) => (hi - lo) as f64 / 1e6,
+        (None, None) => 0.0,
     };
-    let mut throttle: Vec<ThrottleShare> = throttle
+    finish(t, window, window_s)
+}
+
+fn clock_stats(mut sm: Vec<f64>) -> Option<ClockStats> {
+    sm.sort_by(f64::total_cmp);
+    let (p5, median, p95) = (
+        percentile(&sm, 0.05)?,
+        percentile(&sm, 0.5)?,
+        percentile(&sm, 0.95)?,
+    );
+    Some(ClockStats {
+        p5,
+        median,
+        p95,
+        spread_pct: if median > 0.0 {
+            (p95 - p5) / median * 100.0
+        } else {
+            0.0
+        },
+    })
+}
+
+fn finish(t: Tally, window: &str, window_s: f64) -> GpuSummary {
+    let mut throttle: Vec<ThrottleShare> = t
+        .throttle
         .into_iter()
         .map(|(name, samples)| ThrottleShare {
             name,
             samples,
-            share: samples as f64 / polls.max(1) as f64,
+            share: samples as f64 / t.polls.max(1) as f64,
         })
         .collect();
     throttle.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
-    let window_s = match span {
-        Some((a, b)) => (b - a) as f64 / 1e6,
-        None if t_max >= t_min => (t_max - t_min) as f64 / 1e6,
-        None => 0.0,
-    };
     GpuSummary {
         window: window.into(),
         window_s,
-        polls,
-        util_samples: util_n,
-        busy_samples: busy_n,
-        util_source: if sources.is_empty() {
+        polls: t.polls,
+        util_samples: t.util_n,
+        busy_samples: t.busy_n,
+        util_source: if t.sources.is_empty() {
             "none".into()
         } else {
-            sources.join("+")
+            t.sources.join("+")
         },
-        busy_fraction: (util_n > 0).then(|| busy_n as f64 / util_n as f64),
-        sm_mhz,
-        mem_mhz_median: ::stats::median(&mem),
-        power_w_median: ::stats::median(&power),
-        power_w_max: power.iter().copied().reduce(f64::max),
-        temp_c_max: temp_max,
+        busy_fraction: (t.util_n > 0).then(|| t.busy_n as f64 / t.util_n as f64),
+        sm_mhz: clock_stats(t.sm),
+        mem_mhz_median: ::stats::median(&t.mem),
+        power_w_median: ::stats::median(&t.power),
+        power_w_max: t.power.iter().copied().reduce(f64::max),
+        temp_c_max: t.temp_max,
         throttle,
-        persistence: (persist_on + persist_off > 0).then_some(persist_off == 0),
-        persistence_off_polls: persist_off,
-        peak_gpu_mem_source: match (peak_leg, peak_dev) {
+        persistence: (t.persist_on + t.persist_off > 0).then_some(t.persist_off == 0),
+        persistence_off_polls: t.persist_off,
+        peak_gpu_mem_source: match (t.peak_leg, t.peak_dev) {
             (Some(_), _) => "processes".into(),
             (None, Some(_)) => "device above its first poll".into(),
             (None, None) => "none".into(),
         },
-        peak_gpu_mem_bytes: peak_leg.or_else(|| Some(peak_dev? - baseline?)),
-        peak_device_used_bytes: peak_dev,
+        peak_gpu_mem_bytes: t.peak_leg.or_else(|| Some(t.peak_dev? - t.baseline?)),
+        peak_device_used_bytes: t.peak_dev,
     }
 }
 
@@ -318,26 +351,22 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), None);
     }
 
-    fn poll(t_us: u64, used_mib: u64, procs: Option<Vec<(u32, u64)>>) -> Row {
-        Row::Gpu {
-            t_us,
-            phase: "load".into(),
-            sm_mhz: Some(1980),
-            mem_mhz: None,
-            power_mw: None,
-            temp_c: None,
-            throttle: None,
-            persistence: None,
-            used_bytes: Some(used_mib << 20),
-            procs: procs.map(|v| {
-                v.into_iter()
-                    .map(|(pid, mib)| super::super::ProcMem {
-                        pid,
-                        bytes: mib << 20,
-                    })
-                    .collect()
-            }),
+    fn poll(t_us: u64, used_mib: u64, leg: Option<Vec<(u32, u64)>>) -> Row {
+        let mut row = Row::poll(t_us, "load", Some(1980));
+        if let Row::Gpu {
+            used_bytes, procs, ..
+        } = &mut row
+        {
+            *used_bytes = Some(used_mib << 20);
+            *procs = leg.map(|v| {
+                let mem = |(pid, mib): (u32, u64)| super::super::ProcMem {
+                    pid,
+                    bytes: mib << 20,
+                };
+                v.into_iter().map(mem).collect()
+            });
         }
+        row
     }
 
     #[test]
