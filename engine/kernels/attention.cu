@@ -14,6 +14,31 @@
 static_assert(ATT_MAXG == 8, "attention_g{1,2,4,8} below cover ATT_MAXG query heads per KV head");
 static_assert(ATT_MAX_SPLITS <= 32, "the split merge gives each split one lane");
 
+// The test-only fault injector (engine/src/fault.rs, docs/ENGINE.md), compiled in by -D:
+// FAULT_ROPE_SHIFT rotates a decode step's q and k at position p + 1; FAULT_KV_GROUP has query
+// group q read KV head (q + 1) % num_kv_heads; FAULT_NAN_PAST_512 makes the output NaN for query
+// positions >= 512. Without them these helpers are the identity.
+#ifdef FAULT_ROPE_SHIFT
+#define ATT_DECODE_ROPE_SHIFT 1
+#else
+#define ATT_DECODE_ROPE_SHIFT 0
+#endif
+
+__device__ __forceinline__ int att_kv_head(int group, int num_kv_heads) {
+#ifdef FAULT_KV_GROUP
+    return (group + 1) % num_kv_heads;
+#else
+    return group;
+#endif
+}
+
+__device__ __forceinline__ float att_out(float v, int pos) {
+#ifdef FAULT_NAN_PAST_512
+    if (pos >= 512) return __int_as_float(0x7fffffff);
+#endif
+    return v;
+}
+
 __device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t at, float v) {
     if (out_f32) out_f32[at] = v;
     if (out_bf16) out_bf16[at] = f2bf(v);
@@ -49,14 +74,17 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     if (inv_freq) rope_freqs(inv_freq, head_dim / 2, threadIdx.x & 31, freq);
     pdl_launch_dependents();
     pdl_wait();
-    const int row = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    // Block y holds query group y (its g query heads) and reads KV head kvh: the same one but
+    // under FAULT_KV_GROUP.
+    const int row = blockIdx.x, qg = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int kvh = att_kv_head(qg, num_kv_heads);
     const int g = num_heads / num_kv_heads;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gd = g * head_dim;
     // What depends only on the kernel before is loaded at once: the row's position and block
     // table, this group's queries and (decode) the new k and v. Nothing waits for any of it yet.
     constexpr int QPT = G * MAX_HEAD_DIM / (32 * ATT_WARPS);  // queries per thread at most
-    const float* q = qkv + (size_t)row * ld_qkv + (size_t)kvh * gd;
+    const float* q = qkv + (size_t)row * ld_qkv + (size_t)qg * gd;
     const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * head_dim;
     float qv[QPT];
 #pragma unroll
@@ -136,10 +164,10 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     __syncthreads();
     fetch_in(first, first_block);
     if (inv_freq) {
-        const RopeAngles rot = rope_angles(freq, pos);
+        const RopeAngles rot = rope_angles(freq, pos + ATT_DECODE_ROPE_SHIFT);
         for (int h = warp; h < g; h += ATT_WARPS) {
             float* qh = qs + h * head_dim;
-            rope_head(qh, kvh * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
+            rope_head(qh, qg * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
             for (int d = lane; d < head_dim; d += 32) qh[d] *= scale;
         }
         if (writes_kv && warp < 2) {
@@ -264,9 +292,9 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
             L += e * wml[(w * g + h) * 2 + 1];
             o += e * wo[(w * g + h) * head_dim + d];
         }
-        const int head = kvh * g + h;
+        const int head = qg * g + h;
         if (used == 1) {
-            att_store(out_f32, out_bf16, ((size_t)row * num_heads + head) * head_dim + d, o / L);
+            att_store(out_f32, out_bf16, ((size_t)row * num_heads + head) * head_dim + d, att_out(o / L, pos));
         } else {
             const size_t idx = ((size_t)row * num_heads + head) * S + s;
             part_o[idx * head_dim + d] = o;
@@ -291,7 +319,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     // `used` had waited for each load in turn).
     float* wsplit = wo;  // [g][ATT_MAX_SPLITS]: the warps' outputs are merged already
     for (int h = warp; h < g; h += ATT_WARPS) {
-        const size_t base = ((size_t)row * num_heads + kvh * g + h) * S;
+        const size_t base = ((size_t)row * num_heads + qg * g + h) * S;
         const float mj = lane < used ? __ldcg(part_ml + (base + lane) * 2) : -INF_F;
         const float lj = lane < used ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.0f;
         const float M = warp_max(mj);
@@ -302,14 +330,14 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
 
     for (int i = threadIdx.x; i < gd; i += blockDim.x) {
         const int h = i / head_dim, d = i - h * head_dim;
-        const size_t base = ((size_t)row * num_heads + kvh * g + h) * S;
+        const size_t base = ((size_t)row * num_heads + qg * g + h) * S;
         float v[ATT_MAX_SPLITS];
 #pragma unroll
         for (int j = 0; j < ATT_MAX_SPLITS; j++) v[j] = j < used ? __ldcg(part_o + (base + j) * head_dim + d) : 0.0f;
         float o = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_SPLITS; j++) o = fmaf(wsplit[h * ATT_MAX_SPLITS + j], v[j], o);
-        att_store(out_f32, out_bf16, ((size_t)row * num_heads + kvh * g + h) * head_dim + d, o);
+        att_store(out_f32, out_bf16, ((size_t)row * num_heads + qg * g + h) * head_dim + d, att_out(o, pos));
     }
 }
 

@@ -59,10 +59,13 @@ __device__ __forceinline__ void x_chunk(const float* __restrict__ xb, const bf16
 
 // The lm_head's GEMV and argmax (MODE 5): one warp per row (ksplit warps when the matrix is
 // short), one block per 8 / ksplit rows; each block leaves, for each b, the largest bf16-rounded
-// W x of its rows (lowest row on ties) in `parts` [B][gridDim.x] as (value, row).
-template <int B>
-__device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const float* __restrict__ x, int rows,
-                                            int cols, int ldx, int ksplit, float2* __restrict__ parts) {
+// W x of its rows (lowest row on ties) in `parts` [B][gridDim.x] as (value, row). With LOGITS
+// (gemv_m5_logits, the verify request's scoring after a decode step, never in the timed step),
+// also every row's bf16-rounded W x, the values the argmax compares, into y [B][ldy].
+template <int B, bool LOGITS>
+__device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const float* __restrict__ x,
+                                            float* __restrict__ y, int rows, int cols, int ldx, int ldy,
+                                            int ksplit, float2* __restrict__ parts) {
     __shared__ float red[GEMV_WARPS][B];
     __shared__ float best_v[GEMV_WARPS][B];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -136,6 +139,10 @@ __device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const fl
     if (kpart == 0 && lane == 0) {
 #pragma unroll
         for (int b = 0; b < B; b++) best_v[warp / ksplit][b] = valid ? bf2f(f2bf(acc[b])) : -INF_F;
+        if (LOGITS && valid) {
+#pragma unroll
+            for (int b = 0; b < B; b++) y[(size_t)b * ldy + row] = bf2f(f2bf(acc[b]));
+        }
     }
     __syncthreads();
     if (threadIdx.x < B) {
@@ -150,13 +157,14 @@ __device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const fl
     }
 }
 
-#define GEMV_ARGMAX_KERNEL(B)                                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m5_b##B(                    \
+#define GEMV_ARGMAX_KERNEL_AS(B, NAME, LOGITS)                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) NAME##_b##B(                     \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv_argmax<B>(W, x, rows, cols, ldx, ksplit, parts);                                      \
+        gemv_argmax<B, LOGITS>(W, x, y, rows, cols, ldx, ldy, ksplit, parts);                      \
     }
+#define GEMV_ARGMAX_KERNEL(B) GEMV_ARGMAX_KERNEL_AS(B, gemv_m5, false) GEMV_ARGMAX_KERNEL_AS(B, gemv_m5_logits, true)
 GEMV_ARGMAX_KERNEL(1)
 GEMV_ARGMAX_KERNEL(2)
 GEMV_ARGMAX_KERNEL(3)

@@ -13,6 +13,39 @@ pub struct DecodeItem<'a> {
     pub table: &'a BlockTable,
 }
 
+/// What a verify pass (teacher forcing, docs/PROTOCOL.md `verify`) learns at one position: the
+/// greedy choice, and how far the forced token's logit is below it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    /// The greedy choice (ties to the lowest id).
+    pub argmax: u32,
+    /// logit(argmax) - logit(forced), in the backend's logits dtype: >= 0; 0 where the forced
+    /// token is the argmax or ties with it; NaN where the logits are.
+    pub gap: f32,
+    /// The largest absolute logit (NaN where a logit is NaN): the magnitude that sets the
+    /// rounding noise of `gap`.
+    pub scale: f32,
+}
+
+impl Scored {
+    /// One position's score from its logits.
+    pub fn of(logits: &[f32], forced: u32) -> Self {
+        let argmax = argmax(logits);
+        let scale = logits.iter().fold(0.0f32, |m, &v| {
+            if m.is_nan() || v.is_nan() {
+                f32::NAN
+            } else {
+                m.max(v.abs())
+            }
+        });
+        Self {
+            argmax,
+            gap: logits[argmax as usize] - logits[forced as usize],
+            scale,
+        }
+    }
+}
+
 pub trait Backend {
     /// Runs the prompt through the model at positions `0..tokens.len()`, writing its K and V into
     /// `table`'s blocks, and returns the greedy next token.
@@ -20,6 +53,14 @@ pub trait Backend {
 
     /// One token for each item, all in one forward pass; returns the greedy next token of each.
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>>;
+
+    /// As [`Backend::prefill`], through the same computation, and scores the next-token
+    /// distribution against `next`, the first forced token.
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored>;
+
+    /// As [`Backend::decode`], through the same step, and scores each item's next-token
+    /// distribution against `forced[i]`, the token the next step feeds in its place.
+    fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>>;
 
     fn pool(&self) -> PoolShape;
 
@@ -40,6 +81,28 @@ pub fn argmax(values: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::Scored;
+
+    #[test]
+    fn a_score_is_the_gap_below_the_argmax_and_the_largest_magnitude() {
+        let l = [1.0, 3.0, -4.5, 3.0, 2.5];
+        let s = Scored::of(&l, 4);
+        assert_eq!((s.argmax, s.gap, s.scale), (1, 0.5, 4.5));
+        assert_eq!(Scored::of(&l, 1).gap, 0.0);
+        // A tie with the argmax is no gap, though the argmax is the lower id.
+        assert_eq!(
+            Scored::of(&l, 3),
+            Scored {
+                argmax: 1,
+                gap: 0.0,
+                scale: 4.5
+            }
+        );
+        let nan = Scored::of(&[0.5, f32::NAN, 1.0], 0);
+        assert!(nan.scale.is_nan());
+        assert!(Scored::of(&[f32::NAN, f32::NAN], 1).gap.is_nan());
+    }
+
     #[test]
     fn argmax_lowest_index_wins_ties() {
         assert_eq!(super::argmax(&[1.0, 3.0, 3.0, 2.0]), 1);

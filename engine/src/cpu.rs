@@ -5,9 +5,10 @@
 
 use rayon::prelude::*;
 
-use crate::backend::{argmax, Backend, DecodeItem};
+use crate::backend::{argmax, Backend, DecodeItem, Scored};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::fault::{Fault, Faults};
 use crate::kv::{BlockTable, PoolShape};
 use crate::rope;
 use crate::weights::Checkpoint;
@@ -46,6 +47,8 @@ pub struct CpuBackend {
     /// Per layer: [num_blocks][kv_heads][block_size][head_dim].
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
+    /// Planted faults (fault.rs); empty for a clean build.
+    faults: Faults,
 }
 
 /// One token position in a forward pass.
@@ -56,8 +59,15 @@ struct Row<'a> {
 }
 
 impl CpuBackend {
-    /// Widens every tensor to f32. The checkpoint must have been validated against `cfg`.
-    pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, pool: PoolShape) -> Result<Self> {
+    /// Widens every tensor to f32. The checkpoint must have been validated against `cfg`, and
+    /// `faults` checked against it; the weight faults (`norm_skip`, `drop_bias`) are planted
+    /// here.
+    pub fn load(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        pool: PoolShape,
+        faults: &Faults,
+    ) -> Result<Self> {
         let t = |name: &str| -> Result<Vec<f32>> { Ok(ckpt.get(name)?.to_f32()) };
         let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
             Ok(Linear {
@@ -77,18 +87,25 @@ impl CpuBackend {
             cfg.kv_dim(),
             cfg.intermediate_size,
         );
+        let qkv_bias = cfg.qkv_bias && !faults.has(Fault::DropBias);
+        let skipped_norm = faults.skipped_norm_layer(cfg);
         let layers = (0..cfg.num_layers)
             .into_par_iter()
             .map(|l| -> Result<Layer> {
                 let p = format!("model.layers.{l}");
                 let a = format!("{p}.self_attn");
                 let m = format!("{p}.mlp");
+                let input_norm = if skipped_norm == Some(l) {
+                    vec![1.0; h]
+                } else {
+                    t(&format!("{p}.input_layernorm.weight"))?
+                };
                 Ok(Layer {
-                    input_norm: t(&format!("{p}.input_layernorm.weight"))?,
+                    input_norm,
                     post_norm: t(&format!("{p}.post_attention_layernorm.weight"))?,
-                    q: linear(&format!("{a}.q_proj"), q, h, cfg.qkv_bias)?,
-                    k: linear(&format!("{a}.k_proj"), kv, h, cfg.qkv_bias)?,
-                    v: linear(&format!("{a}.v_proj"), kv, h, cfg.qkv_bias)?,
+                    q: linear(&format!("{a}.q_proj"), q, h, qkv_bias)?,
+                    k: linear(&format!("{a}.k_proj"), kv, h, qkv_bias)?,
+                    v: linear(&format!("{a}.v_proj"), kv, h, qkv_bias)?,
                     o: linear(&format!("{a}.o_proj"), h, q, cfg.o_bias)?,
                     q_norm: cfg
                         .qk_norm
@@ -121,6 +138,7 @@ impl CpuBackend {
             // Zeroed allocations are lazily backed: an unused pool costs no resident memory.
             k_cache: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
             v_cache: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+            faults: faults.clone(),
         })
     }
 
@@ -129,8 +147,10 @@ impl CpuBackend {
             * self.cfg.head_dim
     }
 
-    /// Runs `rows` through the model and returns the greedy token after each row in `sample`.
-    fn forward(&mut self, rows: &[Row<'_>], sample: &[usize]) -> Vec<u32> {
+    /// Runs `rows` through the model and returns the logits after each row in `sample`, one
+    /// vocabulary-long row each. `rope_shift` rotates q and k that many positions ahead (the
+    /// `rope_shift` fault's decode steps; 0 otherwise).
+    fn forward(&mut self, rows: &[Row<'_>], sample: &[usize], rope_shift: usize) -> Vec<f32> {
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let n = rows.len();
@@ -150,11 +170,12 @@ impl CpuBackend {
                 rms_norm_in_place(&mut k, kn, cfg.rms_norm_eps);
             }
             for (i, r) in rows.iter().enumerate() {
+                let at = r.position + rope_shift;
                 for head in q[i * cfg.q_dim()..(i + 1) * cfg.q_dim()].chunks_exact_mut(hd) {
-                    rope::apply(head, &self.inv_freq, r.position);
+                    rope::apply(head, &self.inv_freq, at);
                 }
                 for head in k[i * cfg.kv_dim()..(i + 1) * cfg.kv_dim()].chunks_exact_mut(hd) {
-                    rope::apply(head, &self.inv_freq, r.position);
+                    rope::apply(head, &self.inv_freq, at);
                 }
             }
             // Every row's K and V go into the cache before any row attends, so the rows of one
@@ -185,11 +206,31 @@ impl CpuBackend {
         }
         let mut last_n = vec![0.0; m * h];
         rms_norm(&last, &self.norm, cfg.rms_norm_eps, &mut last_n);
-        let logits = match &self.lm_head {
+        match &self.lm_head {
             Some(head) => head.forward(&last_n, m),
             None => matmul_t(&last_n, m, &self.embed, cfg.vocab_size, h, None),
-        };
-        logits.chunks_exact(cfg.vocab_size).map(argmax).collect()
+        }
+    }
+
+    /// The f32 logits after `tokens`, by a prefill into `table`: the reference a verify pass's
+    /// scores are checked against.
+    pub fn next_logits(&mut self, tokens: &[u32], table: &BlockTable) -> Vec<f32> {
+        let rows = prefill_rows(tokens, table);
+        self.forward(&rows, &[rows.len() - 1], 0)
+    }
+
+    fn decode_logits(&mut self, items: &[DecodeItem<'_>]) -> Vec<f32> {
+        let rows: Vec<Row<'_>> = items
+            .iter()
+            .map(|it| Row {
+                token: it.token,
+                position: it.position,
+                table: it.table,
+            })
+            .collect();
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let shift = self.faults.decode_rope_shift();
+        self.forward(&rows, &all, shift)
     }
 
     /// Causal GQA attention of each row over its sequence's cached positions `0..=position`.
@@ -197,13 +238,19 @@ impl CpuBackend {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;
         let group = cfg.num_heads / cfg.num_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = self.faults.attention_scale(hd);
+        let kv_shift = usize::from(self.faults.has(Fault::KvGroup));
+        let nan_past_512 = self.faults.has(Fault::NanPast512);
         let (kc, vc) = (&self.k_cache[layer], &self.v_cache[layer]);
         let mut out = vec![0.0; rows.len() * cfg.q_dim()];
         out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
             let (i, head) = (idx / cfg.num_heads, idx % cfg.num_heads);
             let r = &rows[i];
-            let kvh = head / group;
+            if nan_past_512 && r.position >= 512 {
+                o.fill(f32::NAN);
+                return;
+            }
+            let kvh = (head / group + kv_shift) % cfg.num_kv_heads;
             let qh = &q[i * cfg.q_dim() + head * hd..][..hd];
             let mut scores: Vec<f32> = (0..=r.position)
                 .map(|p| {
@@ -232,31 +279,43 @@ impl CpuBackend {
     }
 }
 
+fn prefill_rows<'a>(tokens: &[u32], table: &'a BlockTable) -> Vec<Row<'a>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(position, &token)| Row {
+            token,
+            position,
+            table,
+        })
+        .collect()
+}
+
 impl Backend for CpuBackend {
     fn prefill(&mut self, tokens: &[u32], table: &BlockTable) -> Result<u32> {
-        let rows: Vec<Row<'_>> = tokens
-            .iter()
-            .enumerate()
-            .map(|(position, &token)| Row {
-                token,
-                position,
-                table,
-            })
-            .collect();
-        Ok(self.forward(&rows, &[rows.len() - 1])[0])
+        Ok(argmax(&self.next_logits(tokens, table)))
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
-        let rows: Vec<Row<'_>> = items
-            .iter()
-            .map(|it| Row {
-                token: it.token,
-                position: it.position,
-                table: it.table,
-            })
-            .collect();
-        let all: Vec<usize> = (0..rows.len()).collect();
-        Ok(self.forward(&rows, &all))
+        let logits = self.decode_logits(items);
+        Ok(logits
+            .chunks_exact(self.cfg.vocab_size)
+            .map(argmax)
+            .collect())
+    }
+
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
+        Ok(Scored::of(&self.next_logits(tokens, table), next))
+    }
+
+    fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>> {
+        let logits = self.decode_logits(items);
+        let vocab = self.cfg.vocab_size;
+        Ok(logits
+            .chunks_exact(vocab)
+            .zip(forced)
+            .map(|(l, &f)| Scored::of(l, f))
+            .collect())
     }
 
     fn pool(&self) -> PoolShape {

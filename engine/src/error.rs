@@ -20,6 +20,8 @@ pub enum Error {
         position: usize,
         id: i64,
         vocab: usize,
+        /// In the prompt's forced tokens (verify), not in the prompt.
+        forced: bool,
     },
     EmptyPrompt {
         prompt: usize,
@@ -27,8 +29,11 @@ pub enum Error {
     TooLong {
         prompt: usize,
         prompt_len: usize,
+        /// New tokens, or (verify) forced tokens.
         max_tokens: usize,
         max_context: usize,
+        /// A verify request: `max_tokens` counts the prompt's forced tokens.
+        forced: bool,
     },
     OverCapacity {
         prompt: usize,
@@ -40,6 +45,15 @@ pub enum Error {
     BatchTooLarge {
         batch: usize,
         max_batch: usize,
+    },
+    /// `ENGINE_FAULT` names something that is not a fault.
+    UnknownFault {
+        name: String,
+    },
+    /// `ENGINE_FAULT` plants a fault this model cannot have.
+    FaultDoesNotApply {
+        fault: &'static str,
+        reason: String,
     },
     /// A bad command-line or pool setting.
     Config {
@@ -54,7 +68,10 @@ impl Error {
     /// The stable protocol name of the cause (docs/PROTOCOL.md).
     pub fn code(&self) -> &'static str {
         match self {
-            Self::Load { .. } | Self::Config { .. } => "load_failed",
+            Self::Load { .. }
+            | Self::Config { .. }
+            | Self::UnknownFault { .. }
+            | Self::FaultDoesNotApply { .. } => "load_failed",
             Self::MalformedRequest { .. } => "malformed_request",
             Self::BadToken { .. } => "bad_token",
             Self::EmptyPrompt { .. } => "empty_prompt",
@@ -68,7 +85,11 @@ impl Error {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            Self::Load { .. } | Self::Config { .. } | Self::Internal { .. }
+            Self::Load { .. }
+                | Self::Config { .. }
+                | Self::UnknownFault { .. }
+                | Self::FaultDoesNotApply { .. }
+                | Self::Internal { .. }
         )
     }
 }
@@ -80,17 +101,29 @@ impl fmt::Display for Error {
             Self::MalformedRequest { message } => write!(
                 f,
                 "malformed request: {message}; each request is one JSON object per line with a \
-                 \"type\" of \"generate\" or \"shutdown\" (docs/PROTOCOL.md)"
+                 \"type\" of \"generate\", \"verify\" or \"shutdown\" (docs/PROTOCOL.md)"
             ),
             Self::BadToken {
                 prompt,
                 position,
                 id,
                 vocab,
+                forced: false,
             } => write!(
                 f,
                 "prompt {prompt}, position {position}: token id {id} is outside the vocabulary \
                  [0, {vocab}); the prompts must be tokenized for this model"
+            ),
+            Self::BadToken {
+                prompt,
+                position,
+                id,
+                vocab,
+                forced: true,
+            } => write!(
+                f,
+                "forced tokens of prompt {prompt}, position {position}: token id {id} is outside \
+                 the vocabulary [0, {vocab}); the forced tokens must be this model's token ids"
             ),
             Self::EmptyPrompt { prompt } => write!(
                 f,
@@ -101,13 +134,21 @@ impl fmt::Display for Error {
                 prompt_len,
                 max_tokens,
                 max_context,
-            } => write!(
-                f,
-                "prompt {prompt}: {prompt_len} prompt tokens + max_tokens {max_tokens} = {} \
-                 exceeds the model's maximum context of {max_context} tokens \
-                 (max_position_embeddings); shorten the prompt or lower max_tokens",
-                prompt_len + max_tokens
-            ),
+                forced,
+            } => {
+                let (what, fix) = if *forced {
+                    (format!("{max_tokens} forced tokens"), "the forced tokens")
+                } else {
+                    (format!("max_tokens {max_tokens}"), "max_tokens")
+                };
+                write!(
+                    f,
+                    "prompt {prompt}: {prompt_len} prompt tokens + {what} = {} exceeds the \
+                     model's maximum context of {max_context} tokens (max_position_embeddings); \
+                     shorten the prompt or lower {fix}",
+                    prompt_len + max_tokens
+                )
+            }
             Self::OverCapacity {
                 prompt,
                 needed_tokens,
@@ -126,6 +167,24 @@ impl fmt::Display for Error {
                 f,
                 "batch {batch} exceeds this engine's --max-batch {max_batch}; start the engine \
                  with --max-batch {batch} or more"
+            ),
+            Self::UnknownFault { name } => {
+                let names: Vec<&str> = crate::fault::Fault::ALL.iter().map(|f| f.name()).collect();
+                write!(
+                    f,
+                    "{}={name:?} is not a fault this engine can plant; the faults are {} \
+                     (comma-separated; a test-only injector, docs/ENGINE.md); unset {} for a \
+                     clean build",
+                    crate::fault::ENV,
+                    names.join(", "),
+                    crate::fault::ENV
+                )
+            }
+            Self::FaultDoesNotApply { fault, reason } => write!(
+                f,
+                "{}={fault} does not apply to this model: {reason}; plant it in a model that \
+                 has what it breaks, or unset it",
+                crate::fault::ENV
             ),
             Self::Config { message } => write!(f, "{message}"),
             Self::Internal { message } => write!(f, "internal error: {message}"),

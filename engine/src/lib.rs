@@ -7,6 +7,7 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod fault;
 pub mod generate;
 pub mod kv;
 pub mod load;

@@ -8,6 +8,7 @@ use crate::config::ModelConfig;
 use crate::cpu::CpuBackend;
 use crate::cuda::CudaBackend;
 use crate::error::{Error, Result};
+use crate::fault::{self, Faults};
 use crate::generate::Engine;
 use crate::kv::{self, PoolSize};
 use crate::weights::Checkpoint;
@@ -24,6 +25,8 @@ pub struct LoadOptions {
     pub num_blocks: Option<usize>,
     pub kv_cache_memory: Option<usize>,
     pub max_batch: usize,
+    /// `ENGINE_FAULT`'s value as read at start (fault.rs; test only), or none.
+    pub fault: Option<String>,
 }
 
 /// The compute device named by `--device`.
@@ -58,7 +61,17 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             message: "--max-batch 0 admits no sequence; give 1 or more (the default is 8)".into(),
         });
     }
+    let faults = Faults::parse(opts.fault.as_deref().unwrap_or(""))?;
     let cfg = ModelConfig::load(&opts.model)?;
+    faults.check(&cfg)?;
+    for f in faults.iter() {
+        eprintln!(
+            "{}: planting the {} fault ({}); a test-only build, not for measurements",
+            fault::ENV,
+            f.name(),
+            f.what()
+        );
+    }
     let ckpt = Checkpoint::open(&opts.model)?;
     ckpt.validate(&cfg)?;
     let size = match (opts.num_blocks, opts.kv_cache_memory) {
@@ -79,6 +92,7 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             opts.block_size,
             size,
             opts.max_batch,
+            &faults,
         )?)
     } else {
         let size = size.unwrap_or(PoolSize::Default {
@@ -86,9 +100,9 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             cap_bytes: CPU_DEFAULT_POOL_CAP,
         });
         let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?;
-        Box::new(CpuBackend::load(&cfg, &ckpt, pool)?)
+        Box::new(CpuBackend::load(&cfg, &ckpt, pool, &faults)?)
     };
-    Ok(Engine::new(backend, cfg, opts.max_batch))
+    Ok(Engine::new(backend, cfg, opts.max_batch, faults))
 }
 
 /// The `resolved` object of the `ready` event: what the engine actually runs with.
@@ -99,7 +113,7 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "model": opts.model.display().to_string(),
         "architecture": cfg.architecture.hf_name(),
         "device": opts.device,
-        "dtype": engine.backend().features()["dtype"],
+        "dtype": engine.features()["dtype"],
         "weights_dtype": cfg.dtype,
         "block_size": pool.block_size,
         "num_blocks": pool.num_blocks,

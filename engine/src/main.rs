@@ -118,6 +118,8 @@ impl ModelArgs {
             num_blocks: self.num_blocks,
             kv_cache_memory: self.kv_cache_memory,
             max_batch: self.max_batch,
+            // Read once, here, for serve, generate and bench alike.
+            fault: std::env::var_os(engine::fault::ENV).map(|v| v.to_string_lossy().into_owned()),
         }
     }
 
@@ -251,7 +253,7 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
     let mut out = engine::bench::bench(&mut engine, &bopts).map_err(|e| e.to_string())?;
     out["load_s"] = load_s.into();
     out["peak_host_bytes"] = engine::bench::peak_rss_bytes().into();
-    out["features"] = engine.backend().features();
+    out["features"] = engine.features();
     out["model"] = opts.model.display().to_string().into();
     let per_token = out["per_output_token_s"].as_f64().unwrap_or(f64::NAN);
     if let Ok(load::Device::Cuda(ord)) = load::Device::parse(&opts.device) {

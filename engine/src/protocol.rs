@@ -18,9 +18,21 @@ pub struct GenerateRequest {
     pub batch: usize,
 }
 
+/// Teacher forcing (docs/PROTOCOL.md `verify`): each prompt decoded feeding `forced`. Unknown
+/// fields are refused, as for `generate`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyRequest {
+    pub id: String,
+    pub prompts: Vec<Vec<i64>>,
+    pub forced: Vec<Vec<i64>>,
+    pub batch: usize,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
     Generate(GenerateRequest),
+    Verify(VerifyRequest),
     Shutdown,
 }
 
@@ -45,6 +57,9 @@ pub fn parse_request(line: &str) -> Result<Request, (Option<String>, Error)> {
         "generate" => serde_json::from_value(value)
             .map(Request::Generate)
             .map_err(|e| malformed(id, format!("generate: {e}"))),
+        "verify" => serde_json::from_value(value)
+            .map(Request::Verify)
+            .map_err(|e| malformed(id, format!("verify: {e}"))),
         "shutdown" => match value.as_object().map(|o| o.keys().collect::<Vec<_>>()) {
             Some(keys) if keys.is_empty() => Ok(Request::Shutdown),
             keys => Err(malformed(
@@ -54,7 +69,9 @@ pub fn parse_request(line: &str) -> Result<Request, (Option<String>, Error)> {
         },
         other => Err(malformed(
             id,
-            format!("unknown request type {other:?} (expected \"generate\" or \"shutdown\")"),
+            format!(
+                "unknown request type {other:?} (expected \"generate\", \"verify\" or \"shutdown\")"
+            ),
         )),
     }
 }
@@ -96,6 +113,16 @@ pub enum Event {
         tokens: Vec<u32>,
         elapsed_s: f64,
         ttft_s: f64,
+    },
+    /// One prompt's verify scores. JSON has no NaN: a NaN `gap` or `scale` (NaN logits) is
+    /// written as `null`.
+    Verified {
+        id: String,
+        index: usize,
+        argmax: Vec<u32>,
+        gap: Vec<f64>,
+        scale: Option<Vec<f64>>,
+        path: &'static str,
     },
     Done {
         id: String,
@@ -166,6 +193,46 @@ mod tests {
     }
 
     #[test]
+    fn parses_verify() {
+        let r = parse_request(
+            r#"{"type":"verify","id":"v","prompts":[[1,2]],"forced":[[3,4,5]],"batch":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::Verify(VerifyRequest {
+                id: "v".into(),
+                prompts: vec![vec![1, 2]],
+                forced: vec![vec![3, 4, 5]],
+                batch: 1
+            })
+        );
+        let (id, m, code) = err(r#"{"type":"verify","id":"w","prompts":[[1]],"batch":1}"#);
+        assert_eq!((id.as_deref(), code), (Some("w"), "malformed_request"));
+        assert!(m.contains("verify: missing field `forced`"), "{m}");
+        let (_, m, _) =
+            err(r#"{"type":"verify","id":"w","prompts":[[1]],"forced":[[1.5]],"batch":1}"#);
+        assert!(m.contains("verify: invalid type"), "{m}");
+    }
+
+    #[test]
+    fn a_nan_score_is_null_in_json() {
+        let line = Event::Verified {
+            id: "v".into(),
+            index: 0,
+            argmax: vec![3, 0],
+            gap: vec![0.0, f64::NAN],
+            scale: Some(vec![2.5, f64::NAN]),
+            path: "decode",
+        }
+        .to_line();
+        assert_eq!(
+            line,
+            r#"{"type":"verified","id":"v","index":0,"argmax":[3,0],"gap":[0.0,null],"scale":[2.5,null],"path":"decode"}"#
+        );
+    }
+
+    #[test]
     fn malformed_lines_are_named() {
         let (id, m, code) = err("not json");
         assert_eq!((id, code), (None, "malformed_request"));
@@ -187,6 +254,10 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_refused_by_name() {
+        let (_, m, _) = err(
+            r#"{"type":"verify","id":"v","prompts":[[1]],"forced":[[2]],"batch":1,"max_tokens":3}"#,
+        );
+        assert!(m.contains("unknown field `max_tokens`"), "{m}");
         let (id, m, code) = err(
             r#"{"type":"generate","id":"g","prompts":[[1]],"max_tokens":2,"ignore_eos":true,"batch":1,"temperature":0.7}"#,
         );

@@ -4,6 +4,7 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::generate::{Engine, Summary};
 use crate::load::{self, LoadOptions};
 use crate::protocol::{parse_request, Event, Kv, Request};
 
@@ -31,7 +32,7 @@ pub fn serve(
             capacity_tokens: pool.capacity_tokens(),
             bytes: pool.bytes(),
         }),
-        features: engine.backend().features(),
+        features: engine.features(),
         versions: serde_json::json!({ "engine": env!("CARGO_PKG_VERSION") }),
         resolved: load::resolved(opts, &engine),
         pid: std::process::id(),
@@ -55,7 +56,7 @@ pub fn serve(
         }
         let req = match parse_request(&line) {
             Ok(Request::Shutdown) => return 0,
-            Ok(Request::Generate(g)) => g,
+            Ok(r) => r,
             Err((id, e)) => {
                 if send(&mut out, &Event::error(id, &e)).is_err() {
                     return 1;
@@ -63,29 +64,14 @@ pub fn serve(
                 continue;
             }
         };
-        let outcome = engine
-            .validate(&req.prompts, req.max_tokens, req.ignore_eos, req.batch)
-            .and_then(|valid| {
-                engine.generate(&valid, |r| {
-                    send(
-                        &mut out,
-                        &Event::Result {
-                            id: req.id.clone(),
-                            index: r.index,
-                            tokens: r.tokens,
-                            elapsed_s: r.elapsed_s,
-                            ttft_s: r.ttft_s,
-                        },
-                    )
-                })
-            });
+        let (id, outcome) = run(&mut engine, req, &mut out);
         let event = match &outcome {
             Ok(s) => Event::Done {
-                id: req.id.clone(),
+                id,
                 wall_s: s.wall_s,
                 tokens: s.tokens,
             },
-            Err(e) => Event::error(Some(req.id.clone()), e),
+            Err(e) => Event::error(Some(id), e),
         };
         if send(&mut out, &event).is_err() {
             return 1;
@@ -95,6 +81,51 @@ pub fn serve(
         }
     }
     0
+}
+
+/// Validates and runs one `generate` or `verify` request, sending its per-prompt events;
+/// returns its id and summary.
+fn run(engine: &mut Engine, req: Request, out: &mut impl Write) -> (String, Result<Summary>) {
+    match req {
+        Request::Generate(g) => {
+            let outcome = engine
+                .validate(&g.prompts, g.max_tokens, g.ignore_eos, g.batch)
+                .and_then(|valid| {
+                    engine.generate(&valid, |r| {
+                        let event = Event::Result {
+                            id: g.id.clone(),
+                            index: r.index,
+                            tokens: r.tokens,
+                            elapsed_s: r.elapsed_s,
+                            ttft_s: r.ttft_s,
+                        };
+                        send(out, &event)
+                    })
+                });
+            (g.id, outcome)
+        }
+        Request::Verify(v) => {
+            let outcome = engine
+                .validate_verify(&v.prompts, &v.forced, v.batch)
+                .and_then(|valid| {
+                    engine.verify(&valid, |r| {
+                        let event = Event::Verified {
+                            id: v.id.clone(),
+                            index: r.index,
+                            argmax: r.tokens,
+                            gap: r.scores.iter().map(|s| s.gap as f64).collect(),
+                            scale: Some(r.scores.iter().map(|s| s.scale as f64).collect()),
+                            // Positions after the first come from the timed decode step; the
+                            // first from the prefill, as a generated first token does.
+                            path: "decode",
+                        };
+                        send(out, &event)
+                    })
+                });
+            (v.id, outcome)
+        }
+        Request::Shutdown => unreachable!("shutdown is answered before a request runs"),
+    }
 }
 
 fn send(out: &mut impl Write, event: &Event) -> Result<()> {

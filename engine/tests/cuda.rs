@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::{battery_with_margins, model_dir, Leg, UNITS};
-use serde_json::Value;
+use common::{battery, battery_with_margins, model_dir, Leg, Verified, UNITS};
+use serde_json::{json, Value};
 
 fn gpu() -> bool {
     if engine::cuda::device_count() == 0 {
@@ -145,4 +145,126 @@ fn cuda_reproduces_the_trained_units_bf16_golden() {
     eprintln!(
         "{unit}: {matched}/{total} tokens equal vLLM's bf16 golden; {near_ties} prompt(s) diverge, each at a near-tie"
     );
+}
+
+/// Verify (teacher forcing) on the CUDA backend, through its decode graphs (and without them):
+/// fed its own batch-1 tokens, at batch 1 and 8, every position's argmax is the forced token
+/// with a gap of 0; fed other tokens, every gap is finite and >= 0, 0 where the argmax is the
+/// forced token.
+#[test]
+fn cuda_verify_of_its_own_tokens_has_no_gap() {
+    if !gpu() {
+        return;
+    }
+    for unit in UNITS {
+        let (prompts, _, max_tokens, _) = battery_with_margins(unit, "golden.json");
+        for env in [&[][..], &[("ENGINE_NO_CUDA_GRAPHS", "1")][..]] {
+            let mut leg = Leg::start_with_env(
+                &model_dir(unit),
+                &["--device", "cuda:0", "--max-batch", "8"],
+                env,
+            );
+            let ready = leg.recv();
+            assert_eq!(ready["features"]["cuda_graphs"], env.is_empty(), "{ready}");
+            let (results, _) = leg.generate("own", &prompts, max_tokens, 1);
+            let own = tokens(&results);
+            for batch in [1, 8] {
+                let how = format!("{unit} graphs={} batch={batch}", env.is_empty());
+                let (got, _) = leg.verify(&format!("v{batch}"), &prompts, &own, batch);
+                for (i, (v, want)) in got.iter().zip(&own).enumerate() {
+                    assert_eq!(&v.argmax, want, "{how} prompt {i}");
+                    assert!(
+                        v.gap.iter().all(|g| *g == Some(0.0)),
+                        "{how} prompt {i}: {:?}",
+                        v.gap
+                    );
+                    assert!(v.scale.iter().all(|s| s.unwrap() > 0.0), "{how} prompt {i}");
+                }
+                let other: Vec<Vec<u32>> = own
+                    .iter()
+                    .map(|t| t.iter().map(|&x| (x * 7 + 1) % 64).collect())
+                    .collect();
+                let (got, _) = leg.verify(&format!("o{batch}"), &prompts, &other, batch);
+                for (i, v) in got.iter().enumerate() {
+                    for (j, g) in v.gap.iter().enumerate() {
+                        let g = g.unwrap_or_else(|| panic!("{how} prompt {i} position {j}: NaN"));
+                        assert!(g >= 0.0, "{how} prompt {i} position {j}: gap {g}");
+                        if v.argmax[j] == other[i][j] {
+                            assert_eq!(g, 0.0, "{how} prompt {i} position {j}");
+                        }
+                    }
+                }
+            }
+            assert!(leg.shutdown().success());
+        }
+    }
+}
+
+/// A CUDA leg of `model` with `ENGINE_FAULT=fault` (none when empty), its features, and the
+/// verify of `forced`.
+fn cuda_verify(
+    model: &std::path::Path,
+    fault: &str,
+    prompts: &[Vec<i64>],
+    forced: &[Vec<u32>],
+) -> (Value, Vec<Verified>) {
+    let env: Vec<(&str, &str)> = if fault.is_empty() {
+        vec![]
+    } else {
+        vec![("ENGINE_FAULT", fault)]
+    };
+    let mut leg = Leg::start_with_env(model, &["--device", "cuda:0", "--max-batch", "4"], &env);
+    let ready = leg.recv();
+    assert_eq!(ready["type"], "ready", "{fault}: {ready}");
+    let (got, _) = leg.verify("v", prompts, forced, 4);
+    assert!(leg.shutdown().success());
+    (ready["features"].clone(), got)
+}
+
+/// Each planted fault changes the CUDA backend's logits against its clean run (the kernel ones
+/// compiled in by NVRTC defines, the others on the host), as on the CPU (tests/faults.rs).
+#[test]
+fn cuda_faults_change_the_logits() {
+    if !gpu() {
+        return;
+    }
+    for &(fault, unit) in common::LOGIT_FAULTS {
+        let (prompts, golden, _) = battery(unit);
+        let (_, clean) = cuda_verify(&model_dir(unit), "", &prompts, &golden);
+        let (features, planted) = cuda_verify(&model_dir(unit), fault, &prompts, &golden);
+        assert_eq!(features["fault"], json!([fault]), "{features}");
+        assert_eq!(features["degraded"], json!([]), "{features}");
+        let (mut positions, mut changed) = (0, 0);
+        for (c, p) in clean.iter().zip(&planted) {
+            for j in 0..c.scale.len() {
+                positions += 1;
+                changed += usize::from(c.scale[j] != p.scale[j] || c.gap[j] != p.gap[j]);
+            }
+            if fault == "rope_shift" {
+                assert_eq!(
+                    (c.scale[0], c.gap[0]),
+                    (p.scale[0], p.gap[0]),
+                    "{fault}: prefill"
+                );
+            }
+        }
+        eprintln!("cuda {fault} on {unit}: logits changed at {changed}/{positions} positions");
+        assert!(changed * 2 >= positions, "{fault}: {changed}/{positions}");
+    }
+    // nan_past_512: tiny-llama with room past 512 positions.
+    let tmp = common::model_with_config("tiny-llama", |c| {
+        c["max_position_embeddings"] = json!(1024);
+    });
+    let prompts = vec![(0..500).map(|i| (i * 7 + 3) % 512).collect::<Vec<i64>>()];
+    let forced = vec![(0..30).map(|i| (i * 11 + 5) % 512).collect::<Vec<u32>>()];
+    let (_, clean) = cuda_verify(tmp.path(), "", &prompts, &forced);
+    let (_, planted) = cuda_verify(tmp.path(), "nan_past_512", &prompts, &forced);
+    for j in 0..30 {
+        if 499 + j < 512 {
+            assert_eq!(planted[0].gap[j], clean[0].gap[j], "position {j}");
+        } else {
+            assert_eq!(planted[0].gap[j], None, "position {j}: NaN is null");
+            assert!(clean[0].gap[j].is_some(), "position {j}");
+        }
+    }
 }

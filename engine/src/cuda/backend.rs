@@ -14,13 +14,14 @@ use cudarc::driver::{CudaContext, CudaGraph, CudaModule, CudaStream};
 
 use super::device::{driver_err, DevBuf};
 use super::kernels;
-use super::load::{DecodeBufs, Funcs, LayerWeights, Matrix, PrefillBufs};
+use super::load::{DecodeBufs, Funcs, LayerWeights, Matrix, PrefillBufs, VerifyBufs};
 use super::ops::{Attention, Paging};
 use super::plan::{PrefillLayout, PREFILL_CHUNK};
 use super::profiler::Profiler;
-use crate::backend::{Backend, DecodeItem};
+use crate::backend::{Backend, DecodeItem, Scored};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::fault::Faults;
 use crate::kv::{BlockTable, PoolShape};
 use crate::launch;
 
@@ -55,6 +56,10 @@ pub struct CudaBackend {
     pub(super) host_tokens: Vec<i32>,
     pub(super) dec: DecodeBufs,
     pub(super) pf: Option<PrefillBufs>,
+    pub(super) verify: Option<VerifyBufs>,
+    /// Planted faults (fault.rs): the kernel ones are compiled in, `attn_scale_d` is the
+    /// attention's scale, the weight ones were planted at load.
+    pub(super) faults: Faults,
     pub(super) layers: Vec<LayerWeights>,
     pub(super) embed: Matrix,
     pub(super) norm: DevBuf,
@@ -95,10 +100,10 @@ impl CudaBackend {
         )?);
         Ok(())
     }
-}
 
-impl Backend for CudaBackend {
-    fn prefill(&mut self, tokens: &[u32], table: &BlockTable) -> Result<u32> {
+    /// The prompt through the model, its K and V into `table`'s blocks, its last row's
+    /// normalised hidden state into `last_xn` and the greedy token into `token` (not read).
+    fn prefill_forward(&mut self, tokens: &[u32], table: &BlockTable) -> Result<()> {
         let chunk = tokens.len().min(PREFILL_CHUNK);
         self.prefill_bufs(chunk)?;
         let c = self.cfg.clone();
@@ -152,6 +157,44 @@ impl Backend for CudaBackend {
                 self.lm_head_argmax(1, pf.last_xn.ptr, pf.parts.ptr, pf.token.ptr, 0)?;
             }
         }
+        Ok(())
+    }
+
+    fn check_batch(&self, batch: usize) -> Result<()> {
+        if batch == 0 || batch > self.max_batch {
+            return Err(Error::Internal {
+                message: format!("decode batch {batch} outside 1..={}", self.max_batch),
+            });
+        }
+        Ok(())
+    }
+
+    /// The device's rows after a step from `wanted`: one position on, holding `tokens`.
+    fn advance_rows(&mut self, wanted: Vec<RowState>, tokens: impl Iterator<Item = u32>) {
+        self.rows = wanted
+            .into_iter()
+            .zip(tokens)
+            .map(|(mut r, t)| {
+                r.position += 1;
+                r.token = t;
+                r
+            })
+            .collect();
+    }
+
+    /// The verify request's scratch, allocated at its first use.
+    fn verify_bufs(&mut self) -> Result<()> {
+        if self.verify.is_none() {
+            self.verify = Some(VerifyBufs::new(&self.cfg, self.max_batch)?);
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn prefill(&mut self, tokens: &[u32], table: &BlockTable) -> Result<u32> {
+        self.prefill_forward(tokens, table)?;
+        let pf = self.pf.as_ref().expect("allocated by prefill_forward");
         let mut out = [0i32; 1];
         pf.token.read(&mut out, &self.stream)?;
         Ok(out[0] as u32)
@@ -159,11 +202,7 @@ impl Backend for CudaBackend {
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
         let batch = items.len();
-        if batch == 0 || batch > self.max_batch {
-            return Err(Error::Internal {
-                message: format!("decode batch {batch} outside 1..={}", self.max_batch),
-            });
-        }
+        self.check_batch(batch)?;
         let wanted = self.upload_rows(items)?;
         let wall = self.profiler.as_ref().map(|_| std::time::Instant::now());
         self.run_step(batch)?;
@@ -172,16 +211,28 @@ impl Backend for CudaBackend {
         if let (Some(p), Some(wall)) = (&self.profiler, wall) {
             p.end_step(wall.elapsed().as_secs_f64())?;
         }
-        self.rows = wanted
-            .into_iter()
-            .zip(&toks)
-            .map(|(mut r, &t)| {
-                r.position += 1;
-                r.token = t as u32;
-                r
-            })
-            .collect();
+        self.advance_rows(wanted, toks.iter().map(|&t| t as u32));
         Ok(toks.into_iter().map(|t| t as u32).collect())
+    }
+
+    fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
+        self.verify_bufs()?;
+        self.prefill_forward(tokens, table)?;
+        let pf = self.pf.as_ref().expect("allocated by prefill_forward");
+        Ok(self.score(1, pf.last_xn.ptr, pf.token.ptr, &[next])?[0])
+    }
+
+    /// The same graph (or kernels) as `decode`, then the scoring kernels after it; the device's
+    /// next tokens become the forced ones.
+    fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>> {
+        let batch = items.len();
+        self.check_batch(batch)?;
+        self.verify_bufs()?;
+        let wanted = self.upload_rows(items)?;
+        self.run_step(batch)?;
+        let scores = self.score(batch, self.dec.xn.ptr, self.dec.tokens.ptr, forced)?;
+        self.advance_rows(wanted, forced.iter().copied());
+        Ok(scores)
     }
 
     fn pool(&self) -> PoolShape {

@@ -84,7 +84,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     // SAFETY: writes one int.
     let _ = unsafe { sys::cuDriverGetVersion(&mut driver) };
     let (major, minor) = ctx.compute_capability().unwrap();
-    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver).unwrap();
+    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver, &[]).unwrap();
     const B: usize = plan::MAX_GEMV_BATCH;
     // The 8B's down (one round of tiles) and a taller matrix (two rounds: both halves of the
     // tensor-core kernel's double-buffered reduction).

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::plan;
 use crate::error::{Error, Result};
+use crate::fault::{Fault, Faults};
 
 /// `common.cuh` first, then every kernel file: one program, one module.
 const SOURCES: &[(&str, &str)] = &[
@@ -22,6 +23,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../../kernels/attention.cu")),
     ("swiglu.cu", include_str!("../../kernels/swiglu.cu")),
     ("argmax.cu", include_str!("../../kernels/argmax.cu")),
+    ("score.cu", include_str!("../../kernels/score.cu")),
 ];
 
 /// The whole program's source, with `#line` markers so compile errors name the real file.
@@ -40,9 +42,23 @@ pub fn names() -> Vec<&'static str> {
     SOURCES.iter().skip(1).map(|(n, _)| *n).collect()
 }
 
-/// NVRTC's options: the architecture, exact arithmetic, and the constants the kernels share with
-/// plan.rs as `-D` defines.
-fn options(arch: &str) -> Vec<String> {
+/// The `-D` names of the faults planted in the kernels (fault.rs; attention.cu); the other faults
+/// are planted by the host.
+pub fn fault_defines(faults: &Faults) -> Vec<&'static str> {
+    faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::RopeShift => Some("FAULT_ROPE_SHIFT"),
+            Fault::KvGroup => Some("FAULT_KV_GROUP"),
+            Fault::NanPast512 => Some("FAULT_NAN_PAST_512"),
+            _ => None,
+        })
+        .collect()
+}
+
+/// NVRTC's options: the architecture, exact arithmetic, the constants the kernels share with
+/// plan.rs as `-D` defines, and the planted faults' defines (`faults`, from [`fault_defines`]).
+fn options(arch: &str, faults: &[&str]) -> Vec<String> {
     let mut opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
@@ -56,18 +72,19 @@ fn options(arch: &str) -> Vec<String> {
             .iter()
             .map(|(name, value)| format!("-D{name}={value}")),
     );
+    opts.extend(faults.iter().map(|name| format!("-D{name}")));
     opts
 }
 
-/// Compiles the program to a cubin for `arch` (e.g. "sm_90").
-pub fn compile(arch: &str) -> Result<Vec<u8>> {
+/// Compiles the program to a cubin for `arch` (e.g. "sm_90"), with the fault defines `faults`.
+pub fn compile(arch: &str, faults: &[&str]) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
     let src = std::ffi::CString::new(source()).expect("kernel sources contain no NUL");
     let name = std::ffi::CString::new("engine_kernels.cu").unwrap();
     let prog = result::create_program(&src, Some(&name)).map_err(|e| Error::Internal {
         message: format!("NVRTC could not create the kernel program: {e:?}"),
     })?;
-    let opts = options(arch);
+    let opts = options(arch, faults);
     // SAFETY: prog is a live program; it is destroyed below on every path.
     let compiled = unsafe { result::compile_program(prog, &opts) };
     let out = match compiled {
@@ -115,10 +132,10 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("llm-bench").join("kernels"))
 }
 
-pub fn cache_key(arch: &str, driver: i32) -> String {
+pub fn cache_key(arch: &str, driver: i32, faults: &[&str]) -> String {
     let mut h = Sha256::new();
     h.update(source().as_bytes());
-    h.update(options(arch).join(" ").as_bytes());
+    h.update(options(arch, faults).join(" ").as_bytes());
     let digest = h.finalize();
     let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
     format!("{hex}-{arch}-driver{driver}")
@@ -137,8 +154,9 @@ pub fn load(
     ctx: &Arc<CudaContext>,
     arch: &str,
     driver: i32,
+    faults: &[&str],
 ) -> Result<(Arc<CudaModule>, Provenance)> {
-    let key = cache_key(arch, driver);
+    let key = cache_key(arch, driver, faults);
     let path = cache_dir().map(|d| d.join(format!("{key}.cubin")));
     let started = std::time::Instant::now();
     let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
@@ -146,7 +164,7 @@ pub fn load(
     let cubin = match cached {
         Some(c) => c,
         None => {
-            let c = compile(arch)?;
+            let c = compile(arch, faults)?;
             if let Some(p) = &path {
                 // A failed cache write only costs the next start a compile.
                 if let Some(dir) = p.parent() {
@@ -209,7 +227,7 @@ mod tests {
             );
             return;
         }
-        let cubin = compile("sm_90").unwrap_or_else(|e| panic!("{e}"));
+        let cubin = compile("sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
         assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
         // Every kernel the backend looks up by name (load.rs Funcs::load) is in the image.
         let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
@@ -218,6 +236,12 @@ mod tests {
                 assert!(has(&mode.kernel(b)), "{} missing", mode.kernel(b));
             }
         }
+        for b in 1..=plan::MAX_GEMV_BATCH {
+            assert!(
+                has(&format!("gemv_m5_logits_b{b}")),
+                "logits kernel {b} missing"
+            );
+        }
         let attention = (0..=3).map(|p| format!("attention_g{}", 1 << p));
         let others = [
             "embed_gather",
@@ -225,6 +249,7 @@ mod tests {
             "rope_kv",
             "swiglu",
             "argmax_final",
+            "score_forced",
         ];
         for name in attention.chain(others.iter().map(|s| s.to_string())) {
             assert!(has(&name), "{name} missing");
@@ -248,13 +273,42 @@ mod tests {
             let want = format!("\"-D{name}={value}\"");
             assert!(bench.contains(&want), "compile.py lacks {want}");
         }
-        let opts = options("sm_90");
+        let opts = options("sm_90", &[]);
         assert!(opts.contains(&format!("-DATT_MAX_SPLITS={}", plan::MAX_SPLITS)));
     }
 
     #[test]
-    fn cache_key_depends_on_arch_and_driver() {
-        assert_ne!(cache_key("sm_90", 13000), cache_key("sm_80", 13000));
-        assert_ne!(cache_key("sm_90", 13000), cache_key("sm_90", 13010));
+    fn cache_key_depends_on_arch_driver_and_faults() {
+        assert_ne!(
+            cache_key("sm_90", 13000, &[]),
+            cache_key("sm_80", 13000, &[])
+        );
+        assert_ne!(
+            cache_key("sm_90", 13000, &[]),
+            cache_key("sm_90", 13010, &[])
+        );
+        let kv = fault_defines(&Faults::parse("kv_group").unwrap());
+        assert_eq!(kv, ["FAULT_KV_GROUP"]);
+        assert_ne!(
+            cache_key("sm_90", 13000, &[]),
+            cache_key("sm_90", 13000, &kv)
+        );
+        // Host-side faults leave the kernels, and their cache entry, as they are.
+        let host = Faults::parse("norm_skip,attn_scale_d,drop_bias,slow_step").unwrap();
+        assert!(fault_defines(&host).is_empty());
+    }
+
+    /// The kernel faults compile (all at once; each is an independent #ifdef).
+    #[test]
+    fn kernels_compile_with_the_kernel_faults() {
+        if !nvrtc_present() {
+            eprintln!("skipped: NVRTC is not loadable here (set LD_LIBRARY_PATH to its lib dir)");
+            assert!(std::env::var_os("LLM_BENCH_REQUIRE_NVRTC").is_none());
+            return;
+        }
+        let all = fault_defines(&Faults::parse("rope_shift,kv_group,nan_past_512").unwrap());
+        assert_eq!(all.len(), 3);
+        let cubin = compile("sm_90", &all).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubin.starts_with(b"\x7fELF"));
     }
 }

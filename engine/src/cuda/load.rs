@@ -14,6 +14,7 @@ use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PRE
 use super::profiler::Profiler;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::fault::{Fault, Faults};
 use crate::kv::{self, PoolSize};
 use crate::weights::{Checkpoint, DType};
 
@@ -66,6 +67,10 @@ pub(super) struct Funcs {
     pub attention: CudaFunction,
     pub swiglu: CudaFunction,
     pub argmax_final: CudaFunction,
+    /// The verify request's scoring after a step: the lm_head writing its logits
+    /// (`gemv_m5_logits_b{batch}`), and `score_forced`.
+    pub lm_head_logits: Vec<CudaFunction>,
+    pub score: CudaFunction,
     /// gemv[mode.index()][batch - 1] for every [`GemvMode`].
     pub gemv: Vec<Vec<CudaFunction>>,
     /// Blocks of each GEMV resident on the whole GPU at once, the streaming modes' persistent
@@ -110,6 +115,27 @@ pub(super) struct PrefillBufs {
     pub last_xn: DevBuf,
     pub parts: DevBuf,
     pub token: DevBuf,
+}
+
+/// The verify request's scratch, allocated at its first use: the lm_head's logits and argmax
+/// candidates, the forced tokens, and each row's (argmax, gap, scale).
+pub(super) struct VerifyBufs {
+    pub logits: DevBuf,
+    pub parts: DevBuf,
+    pub forced: DevBuf,
+    pub scored: DevBuf,
+}
+
+impl VerifyBufs {
+    pub(super) fn new(cfg: &ModelConfig, max_batch: usize) -> Result<Self> {
+        let f = |n: usize| DevBuf::zeroed(n * F32);
+        Ok(Self {
+            logits: f(max_batch * cfg.vocab_size)?,
+            parts: f(max_batch * 2 * plan::lm_head_blocks(cfg))?,
+            forced: f(max_batch)?,
+            scored: f(max_batch * 3)?,
+        })
+    }
 }
 
 /// The opened device: context, stream and what the `ready` event says about it.
@@ -224,6 +250,7 @@ impl CudaBackend {
         block_size: usize,
         size: Option<PoolSize>,
         max_batch: usize,
+        faults: &Faults,
     ) -> Result<Self> {
         libraries_present(ordinal)?;
         plan::check_model(cfg)?;
@@ -252,13 +279,14 @@ impl CudaBackend {
         let pool = kv::resolve_pool(cfg, block_size, size, BF16)?;
         plan::check_fits(cfg, max_batch, &pool, free, total)?;
 
-        let (module, provenance) = kernels::load(&gpu.ctx, &gpu.arch, gpu.driver)?;
+        let fault_defines = kernels::fault_defines(faults);
+        let (module, provenance) = kernels::load(&gpu.ctx, &gpu.arch, gpu.driver, &fault_defines)?;
         let f = Funcs::load(&module, cfg, gpu.sms)?;
         let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| Error::Load {
             message: format!("cuBLAS (libcublas.so.13) could not start: {e:?}"),
         })?;
 
-        let w = upload_weights(cfg, ckpt)?;
+        let w = upload_weights(cfg, ckpt, faults)?;
         let inv = crate::rope::inv_freq(&cfg.rope, cfg.head_dim);
         let inv_freq = DevBuf::zeroed(inv.len() * F32)?;
         inv_freq.write(0, &inv)?;
@@ -292,6 +320,8 @@ impl CudaBackend {
             rows: Vec::new(),
             dec,
             pf: None,
+            verify: None,
+            faults: faults.clone(),
             layers: w.layers,
             embed: w.embed,
             norm: w.norm,
@@ -362,6 +392,10 @@ impl Funcs {
             attention: k(&plan::attention_kernel(cfg))?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
+            lm_head_logits: (1..=plan::MAX_GEMV_BATCH)
+                .map(|b| k(&format!("gemv_m5_logits_b{b}")))
+                .collect::<Result<_>>()?,
+            score: k("score_forced")?,
             gemv,
             resident,
         })
@@ -429,8 +463,9 @@ fn bf16_bytes<'a>(view: &crate::weights::TensorView<'a>) -> std::borrow::Cow<'a,
 }
 
 /// Uploads every tensor in bf16, shard by shard, releasing each shard's pages once uploaded so
-/// that host memory holds about one shard at a time.
-fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Weights> {
+/// that host memory holds about one shard at a time; plants the weight faults (`drop_bias`:
+/// no q/k/v biases; `norm_skip`: one layer's input norm weight all ones).
+fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint, faults: &Faults) -> Result<Weights> {
     let (h, q, kv, i) = (
         cfg.hidden_size,
         cfg.q_dim(),
@@ -451,7 +486,7 @@ fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Weights> {
             input_norm: z(h)?,
             post_norm: z(h)?,
             qkv: Matrix::zeroed(q + 2 * kv, h)?,
-            qkv_bias: if cfg.qkv_bias {
+            qkv_bias: if cfg.qkv_bias && !faults.has(Fault::DropBias) {
                 Some(z(q + 2 * kv)?)
             } else {
                 None
@@ -520,6 +555,10 @@ fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Weights> {
     }
     if let Some(s) = current {
         ckpt.release_shard(s);
+    }
+    if let Some(l) = faults.skipped_norm_layer(cfg) {
+        let one = half::bf16::ONE.to_bits();
+        layers[l].input_norm.write(0, &vec![one; h])?;
     }
     Ok(Weights {
         embed,

@@ -8,6 +8,7 @@ use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
 use super::load::Matrix;
 use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
+use crate::backend::Scored;
 use crate::error::{Error, Result};
 use crate::launch;
 
@@ -22,6 +23,9 @@ pub(super) struct Gemv<'a> {
     pub y: u64,
     /// The RMSNorm gain of the modes that normalise their input; 0 for the others.
     pub gamma: u64,
+    /// The lm_head writing its logits into `y` too (`gemv_m5_logits`): the verify request's
+    /// scoring, after the step and never inside it.
+    pub logits: bool,
 }
 
 impl<'a> Gemv<'a> {
@@ -33,6 +37,7 @@ impl<'a> Gemv<'a> {
             x,
             y,
             gamma: 0,
+            logits: false,
         }
     }
 
@@ -114,8 +119,13 @@ impl CudaBackend {
                 l.mode,
             )
         };
-        launch!(&self.f.gemv[mode.index()][batch - 1], &self.stream, self.pdl,
-            (grid, 1, 1), GEMV_THREADS, 0;
+        // The logits variant runs after a graph launch, outside the step: no PDL.
+        let (f, pdl) = if g.logits {
+            (&self.f.lm_head_logits[batch - 1], false)
+        } else {
+            (&self.f.gemv[mode.index()][batch - 1], self.pdl)
+        };
+        launch!(f, &self.stream, pdl, (grid, 1, 1), GEMV_THREADS, 0;
             g.w.buf.ptr, g.x, g.y, rows as i32, cols as i32, cols as i32, rows as i32,
             ksplit as i32, g.gamma, self.cfg.rms_norm_eps, parts)?;
         self.mark(g.name, g.w.rows * g.w.cols * BF16)
@@ -155,7 +165,7 @@ impl CudaBackend {
         let c = &self.cfg;
         let l = &self.layers[a.layer];
         let p = &a.paging;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let scale = self.faults.attention_scale(c.head_dim);
         launch!(&self.f.attention, &self.stream, self.pdl,
             (a.rows as u32, c.num_kv_heads as u32, a.splits as u32), ATT_THREADS,
             plan::attention_smem_bytes(c);
@@ -166,6 +176,43 @@ impl CudaBackend {
             ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             if a.rope { self.inv_freq.ptr } else { 0 })?;
         self.mark("attention", 0)
+    }
+
+    /// The verify request's score of `batch` rows whose normalised last hidden states are `xn`
+    /// and greedy tokens `tokens` (what a step or a prefill left): the lm_head again, writing
+    /// its logits (the same kernel code and sums as the step's own), then `score_forced` against
+    /// `forced`, which also makes `tokens` the forced ones. Needs the verify buffers.
+    pub(super) fn score(
+        &self,
+        batch: usize,
+        xn: u64,
+        tokens: u64,
+        forced: &[u32],
+    ) -> Result<Vec<Scored>> {
+        let v = self.verify.as_ref().expect("verify buffers allocated");
+        let ids: Vec<i32> = forced.iter().map(|&t| t as i32).collect();
+        v.forced.write(0, &ids)?;
+        let mut head = Gemv::new(
+            "gemv_lm_head",
+            GemvMode::LmHead,
+            self.lm_head(),
+            xn,
+            v.logits.ptr,
+        );
+        head.logits = true;
+        self.gemv(&head, batch, v.parts.ptr)?;
+        launch!(&self.f.score, &self.stream, false, (batch as u32, 1, 1), 1024, 0;
+            v.logits.ptr, self.cfg.vocab_size as i32, tokens, v.forced.ptr, v.scored.ptr)?;
+        let mut out = vec![0f32; 3 * batch];
+        v.scored.read(&mut out, &self.stream)?;
+        Ok(out
+            .chunks_exact(3)
+            .map(|r| Scored {
+                argmax: r[0].to_bits(),
+                gap: r[1],
+                scale: r[2],
+            })
+            .collect())
     }
 
     /// y[rows, out] (+)= x[rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out.

@@ -10,6 +10,16 @@ use serde_json::{json, Value};
 
 pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3", "tiny-trained"];
 
+/// The faults that change the logits (fault.rs), each with the tiny unit it is planted in;
+/// `nan_past_512` needs a longer context and `slow_step` changes only the timing.
+pub const LOGIT_FAULTS: &[(&str, &str)] = &[
+    ("rope_shift", "tiny-llama"),
+    ("norm_skip", "tiny-llama"),
+    ("attn_scale_d", "tiny-llama"),
+    ("kv_group", "tiny-llama"),
+    ("drop_bias", "tiny-qwen"),
+];
+
 /// The repository root: `ENGINE_REPO_ROOT` when a test binary runs away from where it was built
 /// (the GPU box), else the source tree it was built from.
 pub fn repo() -> PathBuf {
@@ -35,6 +45,20 @@ pub fn unit_dir(unit: &str) -> PathBuf {
 
 pub fn model_dir(unit: &str) -> PathBuf {
     unit_dir(unit).join("model")
+}
+
+/// A copy of a single-file tiny unit's model in a temporary directory, its `config.json` changed
+/// by `edit`.
+pub fn model_with_config(unit: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(model_dir(unit).join(f), tmp.path().join(f)).unwrap();
+    }
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg = read_json(&cfg_path);
+    edit(&mut cfg);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    tmp
 }
 
 pub fn read_json(path: &Path) -> Value {
@@ -74,6 +98,14 @@ pub fn battery_with_margins(
         ms.push(serde_json::from_value(out["margins"].clone()).unwrap_or_default());
     }
     (ps, gs, golden["max_tokens"].as_u64().unwrap() as usize, ms)
+}
+
+/// One prompt's `verified` event; a `null` gap or scale (NaN) is `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    pub argmax: Vec<u32>,
+    pub gap: Vec<Option<f64>>,
+    pub scale: Vec<Option<f64>>,
 }
 
 pub struct Leg {
@@ -152,6 +184,49 @@ impl Leg {
                         "done before all results"
                     );
                     return (results, ev);
+                }
+                _ => panic!("unexpected event {ev}"),
+            }
+        }
+    }
+
+    /// Sends a verify request and collects `verified` events by index, then `done`.
+    pub fn verify(
+        &mut self,
+        id: &str,
+        prompts: &[Vec<i64>],
+        forced: &[Vec<u32>],
+        batch: usize,
+    ) -> (Vec<Verified>, Value) {
+        self.send(
+            &json!({"type": "verify", "id": id, "prompts": prompts, "forced": forced,
+            "batch": batch}),
+        );
+        let mut results: Vec<Option<Verified>> = vec![None; prompts.len()];
+        loop {
+            let ev = self.recv();
+            match ev["type"].as_str() {
+                Some("verified") => {
+                    assert_eq!(ev["id"], id);
+                    assert_eq!(ev["path"], "decode");
+                    let i = ev["index"].as_u64().unwrap() as usize;
+                    assert!(results[i].is_none(), "two verified events for prompt {i}");
+                    let v = Verified {
+                        argmax: serde_json::from_value(ev["argmax"].clone()).unwrap(),
+                        gap: serde_json::from_value(ev["gap"].clone()).unwrap(),
+                        scale: serde_json::from_value(ev["scale"].clone()).unwrap(),
+                    };
+                    assert_eq!(v.argmax.len(), forced[i].len(), "{ev}");
+                    assert_eq!(v.gap.len(), forced[i].len(), "{ev}");
+                    assert_eq!(v.scale.len(), forced[i].len(), "{ev}");
+                    results[i] = Some(v);
+                }
+                Some("done") => {
+                    let all: Option<Vec<Verified>> = results.into_iter().collect();
+                    let all = all.expect("done before every verified event");
+                    let n: usize = forced.iter().map(Vec::len).sum();
+                    assert_eq!(ev["tokens"], n, "{ev}");
+                    return (all, ev);
                 }
                 _ => panic!("unexpected event {ev}"),
             }
