@@ -113,7 +113,7 @@ pub fn run_checked(
     let mut rec = Record::assemble(checked, project, &legs, &dir, findings(checked, &legs));
     if let (None, Some(sig)) = (&rec.interrupted, interrupt::pending()) {
         rec.interrupted = Some(format!(
-            "by {sig} after the legs, while the gates judged them: the record was still written"
+            "by {sig} after the legs, while the gates judged them"
         ));
     }
     let interrupted = rec.interrupted.clone();

@@ -8,6 +8,8 @@ accepted and mostly ignored:
          |check-slow (the check sleeps 60 s)|sigstop-later (stops itself with SIGSTOP at its
          4th request, once its pace is known)|fuzz-events (each event it sends is mutated
          with probability 1/4, from --seed=N: tests/hostile's protocol fuzzing)
+         |sigint-after-exit (at shutdown, leaves a helper that sends SIGINT to the
+         orchestrator as soon as this leg has exited: an interrupt after the legs)
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override (the option its ready.kv
@@ -95,6 +97,8 @@ def main():
     for line in sys.stdin:
         req = json.loads(line)
         if req["type"] == "shutdown":
+            if fault == "sigint-after-exit":
+                interrupt_parent_after_exit()
             break
         served += 1
         if fault == "sigstop-later" and served == 4:
@@ -126,6 +130,18 @@ def main():
                   "elapsed_s": now - origin, "ttft_s": (now - origin) / len(toks)})
         send({"type": "done", "id": req["id"], "wall_s": time.perf_counter() - start, "tokens": total})
     return 0
+
+
+def interrupt_parent_after_exit():
+    """A helper out of this leg's process group (so not reaped as a straggler) that waits for
+    this process to be gone, sends SIGINT to the orchestrator, and exits."""
+    me, parent = os.getpid(), os.getppid()
+    if os.fork() == 0:
+        os.setsid()
+        while os.path.exists(f"/proc/{me}") and not open(f"/proc/{me}/stat").read().split(")")[-1].split()[0] in "ZX":
+            time.sleep(0.0005)
+        os.kill(parent, signal.SIGINT)
+        os._exit(0)
 
 
 FUZZ = None  # a random.Random when --fault=fuzz-events

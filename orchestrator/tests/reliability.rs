@@ -547,3 +547,32 @@ fn cmdline(pid: i32) -> String {
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
         .unwrap_or_default()
 }
+
+/// SIGINT after the legs (during the gates or the record's writing) was ignored and the run
+/// ended 0. Now the measured record is still written, says it was interrupted, and the run
+/// ends 2 with a message. The engine leg (second) leaves a helper that signals the orchestrator
+/// the moment the leg has exited.
+#[test]
+fn sigint_after_the_legs_keeps_the_record_and_ends_2() {
+    let f = Fixture::new("int-gates", "--fault=sigint-after-exit", "", "");
+    let out = f.cmd("run").output().unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert!(all.contains("interrupted by SIGINT"), "{all}");
+    let recs = f.records();
+    assert_eq!(recs.len(), 1, "{all}");
+    // Both legs were measured whole; the record says when the signal came, unless it came
+    // after the record was on disk (then only the exit status and the message say so).
+    assert!(
+        recs[0]["legs"]["engine"]["failure"].is_null(),
+        "{}",
+        recs[0]["legs"]["engine"]
+    );
+    if let Some(how) = recs[0]["interrupted"].as_str() {
+        assert!(how.contains("after the legs"), "{how}");
+        assert_eq!(recs[0]["exit_status"], 2);
+    } else {
+        assert!(all.contains("after the record was written"), "{all}");
+    }
+    assert!(f.gone());
+}

@@ -243,6 +243,10 @@ impl Ctx<'_> {
         } else {
             (b, a)
         };
+        // Interrupted only if a leg was: a signal after the last leg's end is the run's to judge.
+        let stopped = [&engine, &oracle]
+            .iter()
+            .any(|l| l.failure.as_ref().is_some_and(|f| f.kind == "interrupted"));
         Pair {
             engine,
             oracle,
@@ -250,7 +254,7 @@ impl Ctx<'_> {
             idle_checks: notes,
             lease: self.lease.target.clone(),
             lease_path: self.lease.path.clone(),
-            interrupted: interrupt::pending(),
+            interrupted: interrupt::pending().filter(|_| stopped),
         }
     }
 }

@@ -12,8 +12,12 @@ static PENDING: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     if PENDING.swap(sig, Ordering::SeqCst) != 0 {
-        // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(2) };
+        const SAID: &[u8] = b"orchestrator: interrupted again; exiting at once (exit 2)\n";
+        // SAFETY: write and _exit are async-signal-safe; the buffer is static.
+        unsafe {
+            libc::write(2, SAID.as_ptr().cast(), SAID.len());
+            libc::_exit(2);
+        }
     }
 }
 

@@ -21,6 +21,12 @@ const SETUPS: &[(&str, &str, &str, bool)] = &[
     ("slow oracle check", "", "--fault=check-slow", false),
     ("lease held", "", "", true),
     ("engine stops itself", "--fault=sigstop-later", "", false),
+    (
+        "engine signals the run after its exit",
+        "--fault=sigint-after-exit",
+        "",
+        false,
+    ),
 ];
 
 fn run_cmd(d: &Path, marker: &str) -> std::process::Command {
