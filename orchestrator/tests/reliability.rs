@@ -576,3 +576,96 @@ fn sigint_after_the_legs_keeps_the_record_and_ends_2() {
     }
     assert!(f.gone());
 }
+
+/// Inputs that passed `check` and then panicked `run` (a watchdog of 1e300 s, exit 101 with the
+/// oracle leg left running), or were accepted silently (a sampler busy-looping a core, a name
+/// with a newline, max_batch 0, a golden in float64, prompt ids outside the vocabulary, a
+/// golden cut shorter than max_tokens), each refused by `check` and `run` with a named error.
+#[test]
+fn hostile_inputs_are_named_by_check_and_run() {
+    let set = |d: &Path, from: &str, to: &str| {
+        let p = d.join("unit.toml");
+        let t = std::fs::read_to_string(&p).unwrap();
+        assert!(t.contains(from), "{from}");
+        std::fs::write(&p, t.replacen(from, to, 1)).unwrap();
+    };
+    type Edit = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "battery_s",
+            Box::new(move |d| set(d, "battery_s = 20", "battery_s = 1e300")),
+            "watchdog.battery_s = ",
+        ),
+        (
+            "grace_s",
+            Box::new(move |d| set(d, "grace_s = 1", "grace_s = 1e300")),
+            "watchdog.grace_s = ",
+        ),
+        (
+            "host_period_ms",
+            Box::new(move |d| set(d, "[watchdog]", "[sampler]\nhost_period_ms = 0\n[watchdog]")),
+            "sampler.host_period_ms = 0",
+        ),
+        (
+            "name",
+            Box::new(move |d| set(d, "name = \"fake\"", "name = \"a\\nb\"")),
+            "not usable as a directory name",
+        ),
+        (
+            "max_batch",
+            Box::new(move |d| set(d, "num_blocks = 64", "num_blocks = 64\nmax_batch = 0")),
+            "engine.max_batch = 0",
+        ),
+        (
+            "float64",
+            Box::new(move |d| {
+                set(
+                    d,
+                    "file = \"golden.json\"",
+                    "file = \"golden.json\"\ndtype = \"float64\"",
+                )
+            }),
+            "golden[0].dtype = \"float64\"",
+        ),
+        (
+            "vocabulary",
+            Box::new(|d: &Path| {
+                let p = d.join("prompts.json");
+                let t = std::fs::read_to_string(&p).unwrap();
+                std::fs::write(&p, t.replacen("[1,2,3]", "[1,2,5000]", 1)).unwrap();
+            }),
+            "outside the model's vocabulary [0, 1000)",
+        ),
+        (
+            "short golden",
+            Box::new(|d: &Path| {
+                let p = d.join("golden.json");
+                let mut g: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                g["outputs"][0]["tokens"]
+                    .as_array_mut()
+                    .unwrap()
+                    .truncate(5);
+                std::fs::write(&p, g.to_string()).unwrap();
+            }),
+            "holds 5 token(s) but battery.max_tokens = 8",
+        ),
+    ];
+    for (what, edit, said) in cases {
+        let f = Fixture::new(&format!("input-{what}"), "", "", "");
+        std::fs::write(
+            f.path("model/config.json"),
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "vocab_size": 1000}"#,
+        )
+        .unwrap();
+        edit(f.dir.path());
+        for sub in ["check", "run"] {
+            let out = f.cmd(sub).output().unwrap();
+            let all = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{what}, {sub}: {all}");
+            assert!(all.contains(said), "{what}, {sub}: {all}");
+        }
+        assert!(f.records().is_empty(), "{what}");
+        assert!(f.gone(), "{what}");
+    }
+}
