@@ -2,6 +2,8 @@
 //! under the lease (legs/), the gates (gates/), the figures (numbers/), the record and the files
 //! beside it (record/, render/). Printing is the caller's: the outcome carries the summary.
 
+mod files;
+
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -12,12 +14,9 @@ use crate::numbers::axes::axes;
 use crate::numbers::explain::clock_explain;
 use crate::numbers::timing::Timings;
 use crate::record::claim::Claim;
-use crate::record::write::{relative, write_new_atomic};
 use crate::record::{Findings, LegTimings, ProjectInfo, Record};
-use crate::render;
 use crate::unit::preflight::{self, Checked};
 use crate::util::interrupt;
-use crate::util::term::sayln;
 use crate::util::time::utc_stamp;
 
 #[derive(Debug, Clone, Default)]
@@ -91,24 +90,21 @@ pub fn run_checked(
     // The stem is claimed under the lease, and the lease is held until the record is on disk.
     let held = pair::take_lease(checked, &lease, opts.quiet)?;
     let stamp = utc_stamp(SystemTime::now());
-    let (claim, swept) = Claim::take(&dir, &stamp, &project.tree).map_err(|e| {
+    let (claim, _) = Claim::take(&dir, &stamp, &project.tree, opts.quiet).map_err(|e| {
         format!(
             "cannot claim a record name in {} ({e}); pass --records-dir a writable directory",
             dir.display()
         )
     })?;
-    if !opts.quiet {
-        swept.iter().for_each(|s| sayln!("[record] {s}"));
-    }
     let legs = match pair::run(checked, &claim.stem(), &held, opts.quiet, idle) {
         Ok(legs) => legs,
-        Err(e) => return Err(unrecorded(claim, e)),
+        Err(e) => return Err(files::unrecorded(claim, e)),
     };
     if let (Some(sig), false) = (legs.interrupted, legs.measured()) {
         let why = format!(
             "interrupted by {sig}: the running leg was stopped before anything was measured"
         );
-        return Err(unrecorded(claim, why));
+        return Err(files::unrecorded(claim, why));
     }
     let mut rec = Record::assemble(checked, project, &legs, &dir, findings(checked, &legs));
     if let (None, Some(sig)) = (&rec.interrupted, interrupt::pending()) {
@@ -120,33 +116,9 @@ pub fn run_checked(
     if interrupted.is_some() {
         rec.exit_status = EXIT_ERROR;
     }
-    let mut out = write(rec, claim, &dir, &stamp)?;
-    if let Some(how) = interrupted {
-        out.warnings.push(format!(
-            "interrupted {how}; the record {} keeps what was measured (exit status 2)",
-            out.record.display()
-        ));
-    }
+    let out = files::write(rec, claim, &dir, &stamp)?;
     drop(held);
-    if let Some(sig) = interrupt::pending().filter(|_| out.exit_status != EXIT_ERROR) {
-        out.warnings.push(format!(
-            "interrupted by {sig} after the record was written; exit status 2"
-        ));
-        out.exit_status = EXIT_ERROR;
-    }
-    Ok(out)
-}
-
-/// The run ends without a record: its files go to `.unrecorded/` (record/claim.rs), and the
-/// error says where.
-fn unrecorded(claim: Claim, why: String) -> String {
-    match claim.discard() {
-        Some(to) => format!(
-            "{why}; no record was written (its logs are in {})",
-            to.display()
-        ),
-        None => format!("{why}; no record was written"),
-    }
+    Ok(files::said_interrupted(out, interrupted))
 }
 
 /// The gates' verdicts on the pair, the timings, the axes and the clock's explainable gap.
@@ -191,60 +163,4 @@ fn findings(checked: &Checked, legs: &Pair) -> Findings {
         axes,
         exit_status,
     }
-}
-
-/// The timeline picture (the record names it, so it is drawn first), the record, and its
-/// Markdown beside it. A record name taken after all (by a run that did not claim it) never
-/// costs the measurement: the record goes to the next free name; the files it names stay.
-fn write(mut rec: Record, claim: Claim, dir: &Path, stamp: &str) -> Result<Outcome, String> {
-    let mut warnings = vec![];
-    let svg_path = PathBuf::from(format!("{}.timeline.svg", claim.stem().display()));
-    match render::timeline::write(
-        &svg_path,
-        dir,
-        &[&rec.legs.engine, &rec.legs.oracle],
-        &rec.refusals,
-    ) {
-        Ok(()) => rec.timeline = Some(relative(&svg_path, dir)),
-        Err(e) => warnings.push(format!(
-            "cannot draw the timeline {} ({e}); the record is written without it",
-            svg_path.display()
-        )),
-    }
-    let mut claim = claim;
-    let json_path = loop {
-        let json_path = PathBuf::from(format!("{}.json", claim.stem().display()));
-        match rec.write(&json_path) {
-            Ok(()) => break json_path,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let (next, _) = Claim::take(dir, stamp, &rec.project.tree)
-                    .map_err(|e| unrecorded_after(&json_path, e))?;
-                warnings.push(format!(
-                    "{e}; the record is written as {}.json instead",
-                    next.stem().display()
-                ));
-                claim = next;
-            }
-            Err(e) => return Err(unrecorded(claim, unrecorded_after(&json_path, e))),
-        }
-    };
-    let md_path = PathBuf::from(format!("{}.md", claim.stem().display()));
-    let md = render::run::markdown(&rec, &json_path);
-    if let Err(e) = write_new_atomic(&md_path, md.as_bytes()) {
-        warnings.push(format!(
-            "cannot write {} ({e}); the record {} is written",
-            md_path.display(),
-            json_path.display()
-        ));
-    }
-    Ok(Outcome {
-        exit_status: rec.exit_status,
-        summary: render::run::terminal(&rec, dir, &json_path, &md_path),
-        warnings,
-        record: json_path,
-    })
-}
-
-fn unrecorded_after(json_path: &Path, e: std::io::Error) -> String {
-    format!("cannot write the record {} ({e})", json_path.display())
 }

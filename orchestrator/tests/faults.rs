@@ -461,6 +461,11 @@ fn wrong_tokens_are_refused_and_timings_still_shown() {
     assert!(s.contains("prompt p0 first differs at position 5"), "{s}");
     assert!(s.contains("not a near-tie (golden margin 0.5000)"), "{s}");
     assert_eq!(gate(&rec, "token", Some("oracle"))["verdict"], "pass");
+    // The refusal's scope is stored beside it: the engine's figures, every axis.
+    assert_eq!(
+        g["scope"],
+        serde_json::json!({"timings_of": ["engine"], "axes": "all"})
+    );
     let axis = &rec["axes"][0];
     assert!(
         axis["ours"].as_f64().unwrap() > 0.0,
@@ -528,6 +533,25 @@ fn kv_pools_that_cannot_be_matched_are_refused_with_figures() {
     );
     let argv = rec["legs"]["engine"]["argv"].to_string();
     assert!(argv.contains("\"--num-blocks\",\"32\""), "{argv}");
+    // Its scope, stored beside it: no leg's figures, the memory axes, with the notes the table
+    // wrote there.
+    let scope = &gate(&rec, "kv", None)["scope"];
+    assert_eq!(scope["timings_of"], serde_json::json!([]));
+    assert_eq!(scope["axes"], "memory");
+    let note = |name: &str| {
+        rec["axes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["axis"] == name)
+            .map(|a| a["note"].clone())
+            .unwrap()
+    };
+    assert_eq!(note("KV pool"), "could NOT be matched");
+    assert_eq!(
+        note("peak host memory"),
+        "KV pools not matched: raw, not like-for-like"
+    );
 }
 
 #[test]

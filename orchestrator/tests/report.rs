@@ -202,7 +202,7 @@ fn write_fixture_records(root: &Path) {
         "2026-11-04T12:00:00Z",
     );
     n.token_refused = true;
-    // Written by 0.1.0, whose peak host memory is withdrawn when read (archive.rs errata).
+    // Written by 0.1.0, whose peak host memory is withdrawn when read (record/archive.rs, errata).
     n.version = "0.1.0".into();
     n.write(root);
     std::fs::write(

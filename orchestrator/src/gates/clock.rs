@@ -1,5 +1,5 @@
 //! The clock gate: a ratio between two legs means something only if the GPU was in a comparable
-//! state during both. From each leg's sampler summary (battery window, sampler/summary.rs):
+//! state during both. From each leg's sampler summary (battery window, legs/sampler/summary.rs):
 //! busy enough to be GPU work, SM clock steady, no throttle beyond idle and application clocks,
 //! persistence on, the same boot, and both legs at the same median SM clock. Each failed
 //! condition is its own [`ClockReason`], naming the leg and the figures, as the reference

@@ -121,6 +121,13 @@ impl LegNoise {
     }
 }
 
+/// Each leg's A/A noise in a sentence, then "so" whether the per-token gap beats it.
+pub fn lines(engine: &LegNoise, oracle: &LegNoise, ratio: Option<f64>) -> Vec<String> {
+    let mut v = vec![engine.sentence("engine"), oracle.sentence("oracle")];
+    v.extend(verdict(ratio, engine, oracle).map(|s| format!("so {s}")));
+    v
+}
+
 /// Whether the per-token ratio's gap stands outside both legs' own spread, in words; None
 /// without a ratio or a spread for either leg.
 pub fn verdict(ratio: Option<f64>, engine: &LegNoise, oracle: &LegNoise) -> Option<String> {

@@ -16,6 +16,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::util::term::sayln;
+
 /// Where files of runs without a record go, under the unit's records directory.
 pub const UNRECORDED: &str = ".unrecorded";
 
@@ -51,9 +53,18 @@ fn taken(names: &[String], stem: &str) -> bool {
 
 impl Claim {
     /// Claims `<stamp>-<tree8>`, or the first free `<stamp>-<tree8>-N`, after sweeping what
-    /// dead runs left in `dir`. Returns the claim and what the sweep did, in words.
-    pub fn take(dir: &Path, stamp: &str, tree: &str) -> std::io::Result<(Claim, Vec<String>)> {
+    /// dead runs left in `dir` (said on stderr unless `quiet`). Returns the claim and what the
+    /// sweep did, in words.
+    pub fn take(
+        dir: &Path,
+        stamp: &str,
+        tree: &str,
+        quiet: bool,
+    ) -> std::io::Result<(Claim, Vec<String>)> {
         let swept = sweep(dir);
+        if !quiet {
+            swept.iter().for_each(|s| sayln!("[record] {s}"));
+        }
         let tree8: String = tree.chars().take(8).collect();
         let base = format!("{stamp}-{tree8}");
         let tmp = dir.join(format!(".claim.{}.tmp", std::process::id()));
@@ -186,10 +197,10 @@ mod tests {
     #[test]
     fn a_claimed_stem_is_never_given_twice_and_dead_runs_are_swept() {
         let d = tempfile::tempdir().unwrap();
-        let (a, _) = Claim::take(d.path(), "S", "0123456789ab").unwrap();
+        let (a, _) = Claim::take(d.path(), "S", "0123456789ab", true).unwrap();
         assert_eq!(a.stem().file_name().unwrap(), "S-01234567");
         // Held: the next run in the same second gets the next stem, and sweeps nothing.
-        let (b, swept) = Claim::take(d.path(), "S", "0123456789ab").unwrap();
+        let (b, swept) = Claim::take(d.path(), "S", "0123456789ab", true).unwrap();
         assert_eq!(b.stem().file_name().unwrap(), "S-01234567-1");
         assert!(swept.is_empty(), "{swept:?}");
         std::fs::write(d.path().join("S-01234567.engine.log"), "x").unwrap();
@@ -215,7 +226,7 @@ mod tests {
     #[test]
     fn a_discarded_run_leaves_its_files_in_unrecorded() {
         let d = tempfile::tempdir().unwrap();
-        let (c, _) = Claim::take(d.path(), "S", "ab").unwrap();
+        let (c, _) = Claim::take(d.path(), "S", "ab", true).unwrap();
         std::fs::write(d.path().join("S-ab.oracle.log"), "log").unwrap();
         let to = c.discard().unwrap();
         assert_eq!(to, d.path().join(".unrecorded"));

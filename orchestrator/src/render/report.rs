@@ -5,10 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::numbers::axes::Axis;
+use crate::numbers::axes::{per_token_ratio, Axis};
 use crate::numbers::noise::{self, LegNoise};
 use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
 use crate::render::chart;
+use crate::render::run::{leg_suffix, verdict_tag, Format};
 use crate::render::table::{self, esc, ratio_cells, RATIO_HEADER};
 use crate::util::fmt::{and_list, fmt_num};
 
@@ -123,19 +124,18 @@ fn no_speed_number(rec: &RecordView) -> String {
 fn judged(rec: &RecordView) -> String {
     let mut s = String::from("Gate verdicts:\n\n");
     for g in &rec.gates {
-        let leg = g
-            .leg
-            .as_ref()
-            .map(|l| format!(" ({l})"))
-            .unwrap_or_default();
-        let line = match g.verdict.as_str() {
-            "refused" => format!("- **REFUSED**, {}{leg}: quoted above", g.gate),
-            "pass" => format!("- pass, {}{leg}: {}", g.gate, esc(&g.sentence)),
-            "not_applicable" => format!("- not applicable, {}{leg}: {}", g.gate, esc(&g.sentence)),
-            other => format!("- {}, {}{leg}: {}", esc(other), g.gate, esc(&g.sentence)),
+        // A refusal is quoted in full under the table.
+        let said = if g.refused() {
+            "quoted above".into()
+        } else {
+            esc(&g.sentence)
         };
-        s.push_str(&line);
-        s.push('\n');
+        s.push_str(&format!(
+            "- {}, {}{}: {said}\n",
+            esc(verdict_tag(&g.verdict, Format::Markdown)),
+            g.gate,
+            leg_suffix(g.leg.as_ref())
+        ));
     }
     if rec.gates.is_empty() {
         s.push_str("- none recorded\n");
@@ -161,18 +161,8 @@ fn judged(rec: &RecordView) -> String {
         )
     };
     let (e, o) = (leg(&rec.timings.engine), leg(&rec.timings.oracle));
-    s.push_str(&format!(
-        "- {}\n- {}\n",
-        esc(&e.sentence("engine")),
-        esc(&o.sentence("oracle"))
-    ));
-    let ratio = rec
-        .axes
-        .iter()
-        .find(|a| a.axis.starts_with("per output token"))
-        .and_then(|a| a.ratio);
-    if let Some(v) = noise::verdict(ratio, &e, &o) {
-        s.push_str(&format!("- so {}\n", esc(&v)));
+    for l in noise::lines(&e, &o, per_token_ratio(&rec.axes)) {
+        s.push_str(&format!("- {}\n", esc(&l)));
     }
     s.push('\n');
     s

@@ -53,9 +53,7 @@ fn gate_line(g: &GateResult, format: Format) -> String {
 pub fn noise_lines(rec: &Record) -> Vec<String> {
     let e = LegNoise::of(&rec.timings.engine);
     let o = LegNoise::of(&rec.timings.oracle);
-    let mut v = vec![e.sentence("engine"), o.sentence("oracle")];
-    v.extend(noise::verdict(per_token_ratio(&rec.axes), &e, &o).map(|s| format!("so {s}")));
-    v
+    noise::lines(&e, &o, per_token_ratio(&rec.axes))
 }
 
 /// One line per leg: its sampler summary, or why there is none, and what sampling cost; the

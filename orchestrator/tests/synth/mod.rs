@@ -34,7 +34,7 @@ pub struct Synth {
     pub seed: u64,
     pub token_refused: bool,
     pub kv_refused: bool,
-    /// The orchestrator_version the record claims (0.1.0 has a known erratum: archive.rs).
+    /// The orchestrator_version the record claims (0.1.0 has a known erratum: record/archive.rs).
     pub version: String,
 }
 
