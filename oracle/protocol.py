@@ -21,6 +21,15 @@ OVER_CAPACITY = "over_capacity"
 LOAD_FAILED = "load_failed"
 INTERNAL = "internal"
 
+# Every field each request may carry. Any other is refused (malformed_request, naming it), never
+# ignored: a field the leg does not know would change what the orchestrator believes it asked
+# for (docs/PROTOCOL.md, "Unknown fields").
+REQUEST_FIELDS = {
+    "generate": {"type", "id", "prompts", "max_tokens", "ignore_eos", "batch"},
+    "verify": {"type", "id", "prompts", "forced", "batch"},
+    "shutdown": {"type"},
+}
+
 
 class ProtocolError(Exception):
     """A request-level error that becomes one `error` event."""
@@ -94,6 +103,10 @@ def parse_line(line: str) -> dict:
     if t not in REQUEST_TYPES:
         raise ProtocolError(MALFORMED, f"unknown request type {t!r}; the oracle accepts "
                             + ", ".join(f"\"{r}\"" for r in REQUEST_TYPES), req_id)
+    unknown = sorted(set(msg) - REQUEST_FIELDS[t])
+    if unknown:
+        raise ProtocolError(MALFORMED, f"{t} request has unknown field(s) {', '.join(map(repr, unknown))}; "
+                            "fix: send only the fields docs/PROTOCOL.md defines for it", req_id)
     return msg
 
 

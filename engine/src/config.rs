@@ -178,6 +178,7 @@ impl ModelConfig {
                 "hidden_size, num_hidden_layers and num_attention_heads must be positive".into(),
             ));
         }
+        check_sizes(hf)?;
         let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
         if num_kv_heads == 0 || hf.num_attention_heads % num_kv_heads != 0 {
             return Err(load(format!(
@@ -277,6 +278,52 @@ impl ModelConfig {
     }
 }
 
+/// The largest size any one dimension of config.json may state: far above every real model
+/// (vocabularies of 256K, hidden sizes of 16K), low enough that no product of two sizes
+/// overflows, so a hostile config is refused here instead of wrapping in an allocation.
+pub const MAX_DIM: usize = 1 << 24;
+
+/// Sizes are positive and bounded, `rms_norm_eps` a positive number (a negative or zero
+/// epsilon loads but divides by zero, or by a negative, on an all-zero row).
+fn check_sizes(hf: &HfConfig) -> Result<()> {
+    let load = |message: String| Error::Load { message };
+    let sizes = [
+        ("hidden_size", Some(hf.hidden_size)),
+        ("intermediate_size", Some(hf.intermediate_size)),
+        ("num_attention_heads", Some(hf.num_attention_heads)),
+        ("num_key_value_heads", hf.num_key_value_heads),
+        ("head_dim", hf.head_dim),
+        ("vocab_size", Some(hf.vocab_size)),
+        ("num_hidden_layers", Some(hf.num_hidden_layers)),
+        ("max_position_embeddings", hf.max_position_embeddings),
+    ];
+    for (key, v) in sizes {
+        if let Some(v) = v {
+            if v == 0 || v > MAX_DIM {
+                return Err(load(format!(
+                    "{key} = {v} is outside [1, {MAX_DIM}]; config.json is not a model's \
+                     configuration (save_pretrained writes the sizes of the tensors it saves)"
+                )));
+            }
+        }
+    }
+    if hf.num_attention_heads * hf.head_dim.unwrap_or(1) > MAX_DIM {
+        return Err(load(format!(
+            "num_attention_heads x head_dim = {} x {} exceeds {MAX_DIM}",
+            hf.num_attention_heads,
+            hf.head_dim.unwrap_or(1)
+        )));
+    }
+    let eps = hf.rms_norm_eps;
+    if !(eps.is_finite() && eps > 0.0 && (eps as f32) > 0.0) {
+        return Err(load(format!(
+            "rms_norm_eps = {eps} must be a positive number (RMSNorm divides by \
+             sqrt(mean(x^2) + eps)); Llama checkpoints use 1e-5 or 1e-6"
+        )));
+    }
+    Ok(())
+}
+
 fn num(v: &serde_json::Value, key: &str) -> Option<f64> {
     v.get(key).and_then(|x| x.as_f64())
 }
@@ -290,6 +337,11 @@ fn resolve_rope(hf: &HfConfig) -> Result<Rope> {
         .and_then(|p| num(p, "rope_theta"))
         .or(hf.rope_theta)
         .unwrap_or(10000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(load(format!(
+            "rope_theta = {theta} must be a positive number (Llama uses 10000 or 500000)"
+        )));
+    }
     let Some(spec) = params.or(scaling) else {
         return Ok(Rope {
             theta,
@@ -424,6 +476,43 @@ mod tests {
         let c = parse(v).unwrap();
         assert!(c.qk_norm && !c.qkv_bias);
         assert_eq!((c.head_dim, c.q_dim(), c.kv_dim()), (32, 128, 64));
+    }
+
+    #[test]
+    fn a_non_positive_epsilon_or_theta_is_refused() {
+        for eps in [-1.0, 0.0, 1e-50] {
+            let mut v = base();
+            v["rms_norm_eps"] = eps.into();
+            let e = parse(v).unwrap_err().to_string();
+            assert!(
+                e.contains("rms_norm_eps = ") && e.contains("positive"),
+                "{e}"
+            );
+        }
+        let mut v = base();
+        v["rope_theta"] = (-5.0).into();
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("rope_theta = -5"));
+    }
+
+    #[test]
+    fn sizes_beyond_any_model_are_refused_before_anything_is_sized_by_them() {
+        for (key, v) in [
+            ("num_hidden_layers", 1u64 << 31),
+            ("vocab_size", 1 << 40),
+            ("hidden_size", 1 << 25),
+            ("max_position_embeddings", 1 << 60),
+        ] {
+            let mut c = base();
+            c[key] = v.into();
+            let e = parse(c).unwrap_err().to_string();
+            assert!(e.contains(&format!("{key} = {v} is outside")), "{e}");
+        }
+        let mut c = base();
+        c["vocab_size"] = 0.into();
+        assert!(parse(c).unwrap_err().to_string().contains("vocab_size = 0"));
     }
 
     #[test]

@@ -59,7 +59,15 @@ pub fn resolve_pool(
             message: "--block-size must be at least 1".into(),
         });
     }
-    let bytes_per_block = bytes_per_token(cfg, elem_bytes) * block_size;
+    let too_large = |what: String| Error::Config {
+        message: format!(
+            "{what} does not fit in memory addresses; give a smaller --block-size, \
+             --num-blocks or --kv-cache-memory"
+        ),
+    };
+    let bytes_per_block = bytes_per_token(cfg, elem_bytes)
+        .checked_mul(block_size)
+        .ok_or_else(|| too_large(format!("a KV block of {block_size} tokens")))?;
     let num_blocks = match size {
         PoolSize::Blocks(n) => n,
         PoolSize::Bytes(b) => b / bytes_per_block,
@@ -67,10 +75,16 @@ pub fn resolve_pool(
             max_batch,
             cap_bytes,
         } => {
-            let wanted = max_batch * cfg.max_position_embeddings.div_ceil(block_size);
+            let wanted = max_batch.saturating_mul(cfg.max_position_embeddings.div_ceil(block_size));
             wanted.min(cap_bytes / bytes_per_block)
         }
     };
+    // Block ids are u32, and the pool's bytes must be addressable.
+    if num_blocks > u32::MAX as usize || num_blocks.checked_mul(bytes_per_block).is_none() {
+        return Err(too_large(format!(
+            "a KV pool of {num_blocks} blocks of {bytes_per_block} bytes"
+        )));
+    }
     if num_blocks == 0 {
         return Err(Error::Config {
             message: format!(

@@ -56,6 +56,11 @@ impl Device {
 
 pub fn load(opts: &LoadOptions) -> Result<Engine> {
     let device = Device::parse(&opts.device)?;
+    if opts.max_batch == 0 {
+        return Err(Error::Config {
+            message: "--max-batch 0 admits no sequence; give 1 or more (the default is 8)".into(),
+        });
+    }
     let faults = Faults::parse(opts.fault.as_deref().unwrap_or(""))?;
     let cfg = ModelConfig::load(&opts.model)?;
     faults.check(&cfg)?;

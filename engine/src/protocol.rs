@@ -5,7 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
+/// Unknown fields are refused (`malformed_request`, naming them), never ignored: a field the leg
+/// does not know would change what the orchestrator believes it asked for (docs/PROTOCOL.md).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
     pub id: String,
     /// Signed so that a negative id is reported as a bad token, not as malformed JSON.
@@ -15,8 +18,10 @@ pub struct GenerateRequest {
     pub batch: usize,
 }
 
-/// Teacher forcing (docs/PROTOCOL.md `verify`): each prompt decoded feeding `forced`.
+/// Teacher forcing (docs/PROTOCOL.md `verify`): each prompt decoded feeding `forced`. Unknown
+/// fields are refused, as for `generate`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VerifyRequest {
     pub id: String,
     pub prompts: Vec<Vec<i64>>,
@@ -35,23 +40,33 @@ pub enum Request {
 /// read, so the error event can name the request.
 pub fn parse_request(line: &str) -> Result<Request, (Option<String>, Error)> {
     let malformed = |id: Option<String>, message: String| (id, Error::MalformedRequest { message });
-    let value: serde_json::Value = serde_json::from_str(line)
+    let mut value: serde_json::Value = serde_json::from_str(line)
         .map_err(|e| malformed(None, format!("the line is not JSON ({e}): {}", clip(line))))?;
     let id = value.get("id").and_then(|v| v.as_str()).map(String::from);
-    let Some(kind) = value.get("type").and_then(|t| t.as_str()) else {
+    let Some(kind) = value.get("type").and_then(|t| t.as_str()).map(String::from) else {
         return Err(malformed(
             id,
             format!("no string \"type\" field in {}", clip(line)),
         ));
     };
-    match kind {
+    // The fields other than "type", for a struct that denies unknown ones.
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("type");
+    }
+    match kind.as_str() {
         "generate" => serde_json::from_value(value)
             .map(Request::Generate)
             .map_err(|e| malformed(id, format!("generate: {e}"))),
         "verify" => serde_json::from_value(value)
             .map(Request::Verify)
             .map_err(|e| malformed(id, format!("verify: {e}"))),
-        "shutdown" => Ok(Request::Shutdown),
+        "shutdown" => match value.as_object().map(|o| o.keys().collect::<Vec<_>>()) {
+            Some(keys) if keys.is_empty() => Ok(Request::Shutdown),
+            keys => Err(malformed(
+                id,
+                format!("shutdown takes no fields, got {keys:?}"),
+            )),
+        },
         other => Err(malformed(
             id,
             format!(
@@ -68,6 +83,9 @@ fn clip(line: &str) -> String {
         None => line.to_string(),
     }
 }
+
+/// The longest `message` an error event carries, in characters.
+pub const MAX_MESSAGE: usize = 4000;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Kv {
@@ -121,11 +139,19 @@ pub enum Event {
 }
 
 impl Event {
+    /// The error event of `e`; its message is cut at [`MAX_MESSAGE`] characters (a note says
+    /// how many more there were), so that no input can make one protocol line unbounded.
     pub fn error(id: Option<String>, e: &Error) -> Self {
+        let mut message = e.to_string();
+        if let Some((cut, _)) = message.char_indices().nth(MAX_MESSAGE) {
+            let more = message[cut..].chars().count();
+            message.truncate(cut);
+            message.push_str(&format!("... ({more} more characters)"));
+        }
         Self::Error {
             id,
             code: e.code(),
-            message: e.to_string(),
+            message,
             fatal: e.is_fatal(),
         }
     }
@@ -224,6 +250,37 @@ mod tests {
             r#"{"type":"generate","id":"g","prompts":"1,2","max_tokens":1,"ignore_eos":true,"batch":1}"#,
         );
         assert!(m.contains("invalid type"), "{m}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let (_, m, _) = err(
+            r#"{"type":"verify","id":"v","prompts":[[1]],"forced":[[2]],"batch":1,"max_tokens":3}"#,
+        );
+        assert!(m.contains("unknown field `max_tokens`"), "{m}");
+        let (id, m, code) = err(
+            r#"{"type":"generate","id":"g","prompts":[[1]],"max_tokens":2,"ignore_eos":true,"batch":1,"temperature":0.7}"#,
+        );
+        assert_eq!((id.as_deref(), code), (Some("g"), "malformed_request"));
+        assert!(m.contains("unknown field `temperature`"), "{m}");
+        let (_, m, _) = err(r#"{"type":"shutdown","now":true}"#);
+        assert!(
+            m.contains("shutdown takes no fields") && m.contains("now"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn error_messages_are_bounded() {
+        let e = Error::Load {
+            message: "x".repeat(1_000_000),
+        };
+        let Event::Error { message, .. } = Event::error(None, &e) else {
+            panic!()
+        };
+        assert!(message.len() < MAX_MESSAGE + 100, "{}", message.len());
+        let more = e.to_string().len() - MAX_MESSAGE;
+        assert!(message.ends_with(&format!("... ({more} more characters)")));
     }
 
     #[test]

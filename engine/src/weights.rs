@@ -135,7 +135,7 @@ impl Checkpoint {
                     "{} names shard(s) that are not in {}: {}; copy the whole checkpoint",
                     index_path.display(),
                     model_dir.display(),
-                    missing.join(", ")
+                    bounded_list(&missing, ", ")
                 )));
             }
             for f in files {
@@ -158,9 +158,10 @@ impl Checkpoint {
             }
             if !wrong.is_empty() {
                 return Err(load_err(format!(
-                    "{} disagrees with its shards: {}",
+                    "{} disagrees with its shards on {} tensor(s): {}",
                     index_path.display(),
-                    wrong.join("; ")
+                    wrong.len(),
+                    bounded_list(&wrong, "; ")
                 )));
             }
         } else if single.exists() {
@@ -268,8 +269,38 @@ impl Checkpoint {
         })
     }
 
-    /// Checks every tensor the config implies, and reports all problems at once.
+    /// The decoder layers the checkpoint holds: one more than the largest `N` in a
+    /// `model.layers.N.` name (0 without any).
+    pub fn layers_present(&self) -> usize {
+        self.entries
+            .keys()
+            .filter_map(|n| {
+                n.strip_prefix("model.layers.")?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .map(|n: usize| n.saturating_add(1))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Checks every tensor the config implies, and reports all problems at once (the first
+    /// [`MAX_LISTED`] by name, then their count). The layer count is checked first, against the
+    /// names present, so that a config asking for millions of layers is refused before the
+    /// list of their tensors is built.
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        let present = self.layers_present();
+        if cfg.num_layers > present {
+            return Err(load_err(format!(
+                "config.json says num_hidden_layers = {} but the checkpoint holds {present} \
+                 decoder layer(s) (model.layers.0 to model.layers.{}): the weights are not this \
+                 config's",
+                cfg.num_layers,
+                present.saturating_sub(1)
+            )));
+        }
         let mut problems = Vec::new();
         for (name, shape) in expected_tensors(cfg) {
             match self.entries.get(&name) {
@@ -296,10 +327,24 @@ impl Checkpoint {
             Err(load_err(format!(
                 "the checkpoint does not match config.json ({} problem(s)): {}",
                 problems.len(),
-                problems.join("; ")
+                bounded_list(&problems, "; ")
             )))
         }
     }
+}
+
+/// Problems named in one error message at most; the rest are counted. An error event travels
+/// on one protocol line, and a config off by a million layers must not make it a megabyte.
+pub const MAX_LISTED: usize = 12;
+
+/// The first [`MAX_LISTED`] items joined by `sep`, then "and N more" for the rest.
+pub fn bounded_list<S: AsRef<str>>(items: &[S], sep: &str) -> String {
+    let shown: Vec<&str> = items.iter().take(MAX_LISTED).map(AsRef::as_ref).collect();
+    let mut s = shown.join(sep);
+    if items.len() > MAX_LISTED {
+        s.push_str(&format!("{sep}and {} more", items.len() - MAX_LISTED));
+    }
+    s
 }
 
 /// Every tensor the config implies, by Hugging Face name, with its shape ([out, in] for

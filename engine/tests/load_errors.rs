@@ -153,3 +153,83 @@ fn missing_model_directory_is_named() {
     let msg = load_error(Path::new("/nonexistent/model"));
     assert!(msg.contains("/nonexistent/model/config.json"), "{msg}");
 }
+
+/// A config asking for far more layers than the checkpoint holds is refused by comparing it
+/// with the tensors present, before anything is sized by it: at once, in one short line (it
+/// grew to 11 GB in 20 s for 2^31 layers, and printed a 505 MB line for 2^20).
+#[test]
+fn a_config_with_millions_of_layers_is_refused_quickly_in_one_short_line() {
+    for layers in [1u64 << 20, 1 << 31, 4] {
+        let tmp = copy_model("tiny-llama");
+        let cfg_path = tmp.path().join("config.json");
+        let mut cfg = common::read_json(&cfg_path);
+        cfg["num_hidden_layers"] = json!(layers);
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let t = std::time::Instant::now();
+        let msg = load_error(tmp.path());
+        assert!(t.elapsed().as_secs_f64() < 5.0, "{:?}", t.elapsed());
+        assert!(msg.len() < 600, "{} characters: {}", msg.len(), &msg[..600]);
+        assert!(
+            msg.contains(&format!("num_hidden_layers = {layers}")),
+            "{msg}"
+        );
+        if layers < 1 << 24 {
+            assert!(
+                msg.contains("the checkpoint holds 3 decoder layer(s)"),
+                "{msg}"
+            );
+        } else {
+            assert!(msg.contains("is outside [1, 16777216]"), "{msg}");
+        }
+    }
+}
+
+/// Many problems are listed up to a bound, then counted.
+#[test]
+fn a_long_list_of_problems_is_cut_and_counted() {
+    let tmp = copy_model("tiny-llama");
+    let file = tmp.path().join("model.safetensors");
+    let (mut header, data) = split(&file);
+    // Rename every tensor of layers 0 and 1 (18 of them); layer 2 keeps the count at 3.
+    let names: Vec<String> = header
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("model.layers.0.") || k.starts_with("model.layers.1."))
+        .cloned()
+        .collect();
+    assert_eq!(names.len(), 18);
+    for n in &names {
+        let t = header.as_object_mut().unwrap().remove(n).unwrap();
+        header[format!("unused.{n}")] = t;
+    }
+    std::fs::write(&file, join(&header, &data)).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(msg.contains("(18 problem(s))"), "{msg}");
+    assert_eq!(msg.matches(": missing").count(), 12, "{msg}");
+    assert!(msg.ends_with("and 6 more"), "{msg}");
+}
+
+/// rms_norm_eps = -1 loaded, and --max-batch 0 became 1: both are refused by name.
+#[test]
+fn a_negative_epsilon_and_max_batch_zero_are_refused() {
+    let tmp = copy_model("tiny-llama");
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg = common::read_json(&cfg_path);
+    cfg["rms_norm_eps"] = json!(-1);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let msg = load_error(tmp.path());
+    assert!(
+        msg.contains("rms_norm_eps = -1 must be a positive number"),
+        "{msg}"
+    );
+
+    let mut leg = Leg::start(&model_dir("tiny-llama"), &["--max-batch", "0"]);
+    let ev = leg.recv();
+    assert_eq!(ev["code"], "load_failed", "{ev}");
+    assert!(
+        ev["message"].as_str().unwrap().contains("--max-batch 0"),
+        "{ev}"
+    );
+    assert_eq!(leg.wait().code(), Some(1));
+}

@@ -48,6 +48,18 @@ def test_missing_fields(field):
     assert e.value.code == MALFORMED and field in e.value.message
 
 
+@pytest.mark.parametrize("line,field", [
+    ('{"type": "generate", "id": "r", "prompts": [[1]], "max_tokens": 2, "ignore_eos": true, "batch": 1, '
+     '"temperature": 0.7}', "temperature"),
+    ('{"type": "shutdown", "now": true}', "now"),
+])
+def test_unknown_fields_are_refused_by_name(line, field):
+    with pytest.raises(ProtocolError) as e:
+        parse_line(line)
+    assert e.value.code == MALFORMED and not e.value.fatal
+    assert repr(field) in e.value.message
+
+
 def test_good_request_parses():
     req = parse_generate(GOOD)
     assert req == GenerateRequest("r", [[1, 2]], 3, True, 1)

@@ -20,6 +20,17 @@ pub struct Said {
 /// Samples GPU `gpu` (every process on it) for `seconds`, writes the series to `out` and says
 /// its summary and the sampler's own cost. Exit 0; Err (exit 2) when there is no GPU to sample.
 pub fn sample(seconds: f64, gpu: u32, out: &Path, nvml_period_ms: u64) -> Result<Said, String> {
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= crate::unit::MAX_DEADLINE_S) {
+        return Err(format!(
+            "--seconds {seconds}: give a positive number of seconds, at most {} (a week)",
+            crate::unit::MAX_DEADLINE_S
+        ));
+    }
+    if !(1..=60_000).contains(&nvml_period_ms) {
+        return Err(format!(
+            "--period-ms {nvml_period_ms}: give 1 to 60000 (0 would poll in a busy loop)"
+        ));
+    }
     let spec = SamplerSpec {
         gpu: Some(gpu),
         nvml_period_ms,

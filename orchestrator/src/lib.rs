@@ -3,6 +3,9 @@
 //! docs/UNIT.md, docs/GATES.md and docs/RECORD.md describe its inputs and outputs;
 //! docs/LAYOUT.md how one run's data flows through these modules, stage by stage.
 
+// A closed stdout or stderr must never panic a run: every line goes through util/term.rs.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod util;
 
 pub mod unit;

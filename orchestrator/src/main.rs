@@ -1,3 +1,6 @@
+// A closed stdout or stderr must never panic a command: every line goes through util/term.rs.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +16,7 @@ use orchestrator::render;
 use orchestrator::report;
 use orchestrator::run::{self, RunOptions};
 use orchestrator::unit::{preflight, LegChoice};
+use orchestrator::util::term::{out, outln, sayln};
 
 /// Runs the engine and an oracle over one unit, gates the result, writes a record and a table.
 #[derive(Parser)]
@@ -241,27 +245,28 @@ fn code(c: i32) -> ExitCode {
 fn said(what: &str, r: Result<Said, String>) -> ExitCode {
     match r {
         Ok(s) => {
-            print!("{}", s.out);
+            out!("{}", s.out);
             code(s.exit)
         }
         Err(e) => {
-            eprintln!("orchestrator {what}: {e}");
+            sayln!("orchestrator {what}: {e}");
             code(2)
         }
     }
 }
 
 fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
+    orchestrator::util::interrupt::install();
     match run::run(unit, opts) {
         Ok(o) => {
             for w in &o.warnings {
-                eprintln!("orchestrator: {w}");
+                sayln!("orchestrator: {w}");
             }
-            print!("{}", o.summary);
+            out!("{}", o.summary);
             code(o.exit_status)
         }
         Err(e) => {
-            eprintln!("orchestrator: {e}");
+            sayln!("orchestrator: {e}");
             code(run::EXIT_ERROR)
         }
     }
@@ -285,15 +290,16 @@ fn fleet_cmd(a: FleetArgs) -> fleet::FleetCmd {
 }
 
 fn check_cmd(unit: &Path, python: Option<&str>) -> ExitCode {
+    orchestrator::util::interrupt::install();
     let (report, checked) = preflight::preflight(unit, python, false);
     for l in &report.lines {
-        println!("{l}");
+        outln!("{l}");
     }
     if checked.is_some() {
-        println!("preflight passed: {}", unit.display());
+        outln!("preflight passed: {}", unit.display());
         code(0)
     } else {
-        println!(
+        outln!(
             "preflight FAILED: {} check(s) failed",
             report.failures.len()
         );
@@ -305,15 +311,15 @@ fn report_cmd(records: &Path, out: &Path) -> ExitCode {
     match report::report(records, out) {
         Ok(o) => {
             for p in &o.written {
-                println!("wrote {}", p.display());
+                outln!("wrote {}", p.display());
             }
             for r in &o.rejected {
-                eprintln!("orchestrator report: {r}");
+                sayln!("orchestrator report: {r}");
             }
             code(if o.rejected.is_empty() { 0 } else { 1 })
         }
         Err(e) => {
-            eprintln!("orchestrator report: {e}");
+            sayln!("orchestrator report: {e}");
             code(2)
         }
     }
@@ -329,14 +335,14 @@ fn compare_cmd(
 ) -> ExitCode {
     let (rejected, result) = compare::run(base, head, records, t, allow);
     for r in &rejected {
-        eprintln!("orchestrator compare: {r}");
+        sayln!("orchestrator compare: {r}");
     }
     match result {
         Ok(c) => {
             match format {
-                Format::Table => print!("{}", render::compare::terminal(&c)),
-                Format::Markdown => print!("{}", render::compare::markdown(&c)),
-                Format::Json => println!(
+                Format::Table => out!("{}", render::compare::terminal(&c)),
+                Format::Markdown => out!("{}", render::compare::markdown(&c)),
+                Format::Json => outln!(
                     "{}",
                     serde_json::to_string_pretty(&c).expect("a comparison serializes")
                 ),
@@ -344,7 +350,7 @@ fn compare_cmd(
             code(c.exit_status)
         }
         Err(e) => {
-            eprintln!("orchestrator compare: {e}");
+            sayln!("orchestrator compare: {e}");
             code(regress::EXIT_ERROR)
         }
     }
@@ -363,11 +369,11 @@ fn faults_cmd(cmd: FaultsCmd) -> ExitCode {
     };
     match r {
         Ok(s) => {
-            print!("{}", s.out);
+            out!("{}", s.out);
             code(s.exit)
         }
         Err(e) => {
-            eprintln!("orchestrator faults: {e}");
+            sayln!("orchestrator faults: {e}");
             code(2)
         }
     }

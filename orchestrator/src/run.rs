@@ -2,6 +2,8 @@
 //! under the lease (legs/), the gates (gates/), the figures (numbers/), the record and the files
 //! beside it (record/, render/). Printing is the caller's: the outcome carries the summary.
 
+mod files;
+
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -13,11 +15,11 @@ use crate::legs::LegRecord;
 use crate::numbers::axes::axes;
 use crate::numbers::explain::clock_explain;
 use crate::numbers::timing::Timings;
-use crate::record::write::{choose_stem, relative, write_new_atomic, StemClaim};
+use crate::record::claim::Claim;
 use crate::record::{Findings, LegTimings, ProjectInfo, Record};
-use crate::render;
 use crate::unit::preflight::{self, Checked};
 use crate::unit::LegChoice;
+use crate::util::interrupt;
 use crate::util::time::utc_stamp;
 
 #[derive(Debug, Clone, Default)]
@@ -59,6 +61,9 @@ pub struct Outcome {
 pub fn run(unit_path: &Path, opts: &RunOptions) -> Result<Outcome, String> {
     let (report, checked) =
         preflight::preflight_legs(unit_path, opts.python.as_deref(), !opts.quiet, opts.legs);
+    if let Some(f) = report.failures.iter().find(|f| f.check == "interrupted") {
+        return Err(format!("interrupted during preflight: {}", f.message));
+    }
     let Some(mut checked) = checked else {
         let lines: Vec<String> = report.failures.iter().map(|f| format!("  {f}")).collect();
         return Err(format!(
@@ -98,13 +103,20 @@ pub fn run_checked(
             dir.display()
         )
     })?;
-    let stem = choose_stem(&dir, &utc_stamp(SystemTime::now()), &project.tree);
-    let _claim = StemClaim(stem.clone());
     let lock_dir = opts.lock_dir.as_ref().unwrap_or(&cfg.lease.lock_dir);
     let lease = LeaseOptions {
         lock_dir,
         wait: !opts.no_wait,
     };
+    // The stem is claimed under the lease, and the lease is held until the record is on disk.
+    let held = pair::take_lease(checked, &lease, opts.quiet)?;
+    let stamp = utc_stamp(SystemTime::now());
+    let (claim, _) = Claim::take(&dir, &stamp, &project.tree, opts.quiet).map_err(|e| {
+        format!(
+            "cannot claim a record name in {} ({e}); pass --records-dir a writable directory",
+            dir.display()
+        )
+    })?;
     // Each leg teacher-forces the golden at the batch sizes the token gate judges that way.
     let verify = |rec: &LegRecord| {
         gates::token::rule::verify_plan(&checked.unit, &checked.goldens, &checked.prompts, rec)
@@ -113,9 +125,30 @@ pub fn run_checked(
         legs: opts.legs,
         verify: &verify,
     };
-    let legs = pair::run(checked, &stem, &lease, &leg_opts, opts.quiet, idle)?;
-    let rec = Record::assemble(checked, project, &legs, &dir, findings(checked, &legs));
-    write(rec, &stem, &dir)
+    let stem = claim.stem();
+    let legs = match pair::run(checked, &stem, &held, lock_dir, &leg_opts, opts.quiet, idle) {
+        Ok(legs) => legs,
+        Err(e) => return Err(files::unrecorded(claim, e)),
+    };
+    if let (Some(sig), false) = (legs.interrupted, legs.measured()) {
+        let why = format!(
+            "interrupted by {sig}: the running leg was stopped before anything was measured"
+        );
+        return Err(files::unrecorded(claim, why));
+    }
+    let mut rec = Record::assemble(checked, project, &legs, &dir, findings(checked, &legs));
+    if let (None, Some(sig)) = (&rec.interrupted, interrupt::pending()) {
+        rec.interrupted = Some(format!(
+            "by {sig} after the legs, while the gates judged them"
+        ));
+    }
+    let interrupted = rec.interrupted.clone();
+    if interrupted.is_some() {
+        rec.exit_status = EXIT_ERROR;
+    }
+    let out = files::write(rec, claim, &dir, &stamp)?;
+    drop(held);
+    Ok(files::said_interrupted(out, interrupted))
 }
 
 /// The gates' verdicts on the pair, the timings, the axes and the clock's explainable gap.
@@ -160,35 +193,4 @@ fn findings(checked: &Checked, legs: &Pair) -> Findings {
         axes,
         exit_status,
     }
-}
-
-/// The timeline picture (the record names it, so it is drawn first), the record, and its
-/// Markdown beside it.
-fn write(mut rec: Record, stem: &Path, dir: &Path) -> Result<Outcome, String> {
-    let beside = |ext: &str| PathBuf::from(format!("{}.{ext}", stem.display()));
-    let (json_path, md_path, svg_path) = (beside("json"), beside("md"), beside("timeline.svg"));
-    let mut warnings = vec![];
-    match render::timeline::write(
-        &svg_path,
-        dir,
-        &[&rec.legs.engine, &rec.legs.oracle],
-        &rec.refusals,
-    ) {
-        Ok(()) => rec.timeline = Some(relative(&svg_path, dir)),
-        Err(e) => warnings.push(format!(
-            "cannot draw the timeline {} ({e}); the record is written without it",
-            svg_path.display()
-        )),
-    }
-    rec.write(&json_path)
-        .map_err(|e| format!("cannot write the record {} ({e})", json_path.display()))?;
-    let md = render::run::markdown(&rec, &json_path);
-    write_new_atomic(&md_path, md.as_bytes())
-        .map_err(|e| format!("cannot write {} ({e})", md_path.display()))?;
-    Ok(Outcome {
-        exit_status: rec.exit_status,
-        summary: render::run::terminal(&rec, dir, &json_path, &md_path),
-        warnings,
-        record: json_path,
-    })
 }

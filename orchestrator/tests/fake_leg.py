@@ -4,8 +4,13 @@
 It speaks docs/PROTOCOL.md well enough to be benchmarked, and misbehaves on request. Its own
 options come first as --name=value; every other argument (the engine's or the oracle's argv) is
 accepted and mostly ignored:
-  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail|
-          nan-verify|no-verify
+  --fault=none|crash-load|hang-generate|malformed|wrong-tokens|straggler|error-event|check-fail
+         |nan-verify|no-verify
+         |check-slow (the check sleeps 60 s)|sigstop-later (stops itself with SIGSTOP at its
+         4th request, once its pace is known)|fuzz-events (each event it sends is mutated
+         with probability 1/4, from --seed=N: tests/hostile's protocol fuzzing)
+         |sigint-after-exit (at shutdown, leaves a helper that sends SIGINT to the
+         orchestrator as soon as this leg has exited: an interrupt after the legs)
   --ignore-term        ignore SIGTERM (so the watchdog must escalate to SIGKILL)
   --kv=B,N | --kv=none a pool of N blocks of B tokens, or no pool
   --resizable          honour --num-blocks / --num-gpu-blocks-override (the option its ready.kv
@@ -44,7 +49,7 @@ def main():
     rest = []
     for a in sys.argv[1:]:
         if a.startswith("--") and "=" in a and a.split("=")[0][2:] in (
-            "fault", "kv", "backend", "degraded", "dtype", "gap", "scale"):
+            "fault", "kv", "backend", "degraded", "dtype", "gap", "scale", "seed"):
             k, v = a[2:].split("=", 1)
             own[k] = v
         elif a in ("--ignore-term", "--resizable", "--no-resize-option"):
@@ -52,6 +57,9 @@ def main():
         else:
             rest.append(a)
     if "check" in rest:
+        if own.get("fault") == "check-slow":
+            print("checking slowly...", file=sys.stderr, flush=True)
+            time.sleep(60)
         if own.get("fault") == "check-fail":
             print("ok   python: 3.11")
             print("FAIL vllm: cannot import vllm (No module named 'vllm'); install oracle/requirements-vllm.txt")
@@ -59,6 +67,10 @@ def main():
         print("ok   fake oracle check")
         return 0
     fault = own.get("fault", "none")
+    if fault == "fuzz-events":
+        import random
+        global FUZZ
+        FUZZ = random.Random(int(own.get("seed", "0")))
     if own.get("ignore-term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -89,10 +101,17 @@ def main():
         features["kv"] = "none: fake leg without a pool"
     send({"type": "ready", "load_s": time.perf_counter() - T0, "kv": kv, "features": features,
           "versions": {"fake": "1"}, "resolved": {"fake": True}, "pid": os.getpid(), "pids": pids})
+    served = 0
     for line in sys.stdin:
         req = json.loads(line)
         if req["type"] == "shutdown":
+            if fault == "sigint-after-exit":
+                interrupt_parent_after_exit()
             break
+        served += 1
+        if fault == "sigstop-later" and served == 4:
+            print("stopping myself (SIGSTOP) on purpose", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if fault == "hang-generate":
             print("generating... (hanging on purpose)", file=sys.stderr, flush=True)
             while True:
@@ -144,7 +163,57 @@ def verify(req, fault, gap, scale):
           "tokens": sum(len(f) for f in req["forced"])})
 
 
+def interrupt_parent_after_exit():
+    """A helper out of this leg's process group (so not reaped as a straggler) that waits for
+    this process to be gone, sends SIGINT to the orchestrator, and exits."""
+    me, parent = os.getpid(), os.getppid()
+    if os.fork() == 0:
+        os.setsid()
+        while os.path.exists(f"/proc/{me}") and not open(f"/proc/{me}/stat").read().split(")")[-1].split()[0] in "ZX":
+            time.sleep(0.0005)
+        os.kill(parent, signal.SIGINT)
+        os._exit(0)
+
+
+FUZZ = None  # a random.Random when --fault=fuzz-events
+
+
+def mutate(obj, rng):
+    """One hostile change to an event, as bytes: a field dropped, retyped, made huge or
+    negative, an unknown field, the type changed, garbage, a truncated or non-UTF-8 line."""
+    obj = dict(obj)
+    keys = [k for k in obj if k != "type"]
+    k = rng.choice(keys) if keys else "type"
+    nasty = [None, -1, 2**64, -2**63, 1e308, "x", "", [], {}, [[1]], True, "\u0000", "é" * 50]
+    r = rng.randrange(10)
+    if r == 0:
+        obj.pop(k, None)
+    elif r == 1:
+        obj[k] = rng.choice(nasty)
+    elif r == 2:
+        obj["unexpected_" + str(rng.randrange(100))] = 1
+    elif r == 3:
+        obj["type"] = rng.choice(["ready", "result", "done", "error", "verified", "progress", 7, None])
+    elif r == 4:
+        return b"not json at all\n"
+    elif r == 5:
+        return json.dumps(obj).encode()[: rng.randrange(1, 40)] + b"\n"
+    elif r == 6:
+        return b"\xff\xfe" + json.dumps(obj).encode() + b"\n"
+    elif r == 7:
+        return (json.dumps([obj]) + "\n").encode()
+    elif r == 8:
+        return (json.dumps(obj) + "\n").encode() * 2
+    else:
+        obj[k] = [obj.get(k)] * rng.randrange(0, 3)
+    return (json.dumps(obj) + "\n").encode()
+
+
 def send(obj):
+    if FUZZ is not None and FUZZ.randrange(4) == 0:
+        sys.stdout.buffer.write(mutate(obj, FUZZ))
+        sys.stdout.buffer.flush()
+        return
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 

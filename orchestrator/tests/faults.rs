@@ -787,6 +787,19 @@ fn interrupt_kills_the_running_leg_group_and_exits_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("interrupted by SIGINT"), "{err}");
+    // The oracle leg (first) was measured: the record keeps it, and says what happened.
+    let rec = f.record().expect("a record of what was measured");
+    assert_eq!(rec["exit_status"], 2);
+    assert!(
+        rec["interrupted"]
+            .as_str()
+            .unwrap()
+            .starts_with("by SIGINT during the legs"),
+        "{}",
+        rec["interrupted"]
+    );
+    assert_eq!(rec["legs"]["engine"]["failure"]["kind"], "interrupted");
+    assert_eq!(rec["legs"]["oracle"]["failure"], Value::Null);
     std::thread::sleep(Duration::from_millis(200));
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(

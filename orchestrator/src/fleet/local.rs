@@ -15,6 +15,7 @@ use crate::gates::idle;
 use crate::legs::lease::LeaseTarget;
 use crate::legs::placement::{self, HOST_GPUS_ENV};
 use crate::legs::sampler::Gpu;
+use crate::util::term::sayln;
 
 #[derive(Clone)]
 pub struct LocalOptions {
@@ -144,11 +145,13 @@ fn spawn(t: &Task, gpu: Option<u32>, o: &LocalOptions) -> Result<Running, FleetE
     if let Some(p) = &o.python {
         cmd.arg("--python").arg(p);
     }
+    // Nothing outlives the orchestrator (util/child.rs): a fleet killed takes its runs with it.
+    crate::util::child::tie(&mut cmd, None);
     let child = cmd.spawn().map_err(|error| FleetError::Spawn {
         what: format!("{} run {}", o.orchestrator.display(), t.unit.path.display()),
         error,
     })?;
-    eprintln!(
+    sayln!(
         "[fleet] {} (repeat {}){}: started, log {}",
         t.unit.name,
         t.repeat,
@@ -186,7 +189,7 @@ fn finished(r: Running, status: std::process::ExitStatus) -> Finished {
         record: record_in(&r.log),
         log: r.log,
     };
-    eprintln!("[fleet] {}", f.line());
+    sayln!("[fleet] {}", f.line());
     f
 }
 
@@ -233,9 +236,7 @@ pub fn run(tasks: &[Task], o: &LocalOptions) -> Result<Vec<Finished>, FleetError
             }
             if let Some(why) = busy(gpu, t, o) {
                 if said_busy.insert(gpu) {
-                    eprintln!(
-                        "[fleet] gpu{gpu} is busy ({why}); no unit goes there until it is free"
-                    );
+                    sayln!("[fleet] gpu{gpu} is busy ({why}); no unit goes there until it is free");
                 }
                 continue;
             }

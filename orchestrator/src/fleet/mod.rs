@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::legs::placement::{self, PlacementError};
 use crate::unit::{Unit, UnitError};
+use crate::util::term::{out, outln, sayln};
 
 /// A unit as the fleet places it.
 #[derive(Debug, Clone, PartialEq)]
@@ -233,7 +234,7 @@ pub fn command(c: &FleetCmd) -> i32 {
         local_command(c)
     };
     r.unwrap_or_else(|e| {
-        eprintln!("orchestrator fleet: {e}");
+        sayln!("orchestrator fleet: {e}");
         2
     })
 }
@@ -275,11 +276,11 @@ fn slurm_command(c: &FleetCmd) -> Result<i32, FleetError> {
     };
     let plan = slurm::plan(&tasks, &o)?;
     if !c.submit {
-        print!("{}", slurm::render(&plan, &o));
+        out!("{}", slurm::render(&plan, &o));
         return Ok(0);
     }
     for s in slurm::submit(&plan, &o, "sbatch")? {
-        println!(
+        outln!(
             "submitted job {}: {} ({})",
             s.id,
             s.what,
@@ -311,9 +312,9 @@ fn local_command(c: &FleetCmd) -> Result<i32, FleetError> {
         open: crate::legs::sampler::nvml::open,
     };
     let done = local::run(&tasks, &o)?;
-    println!("fleet: {} run(s)", done.len());
+    outln!("fleet: {} run(s)", done.len());
     for f in &done {
-        println!("- {}", f.line());
+        outln!("- {}", f.line());
     }
     Ok(local::exit_status(&done))
 }

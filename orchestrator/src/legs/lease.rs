@@ -6,7 +6,11 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+
+use crate::util::term::sayln;
+use crate::util::{child, interrupt};
 
 /// What is leased: a GPU index, or the CPU on a machine without a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +49,11 @@ pub enum LeaseError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// SIGINT, SIGTERM or SIGHUP while waiting for it.
+    Interrupted {
+        target: String,
+        signal: &'static str,
+    },
 }
 
 impl std::fmt::Display for LeaseError {
@@ -54,6 +63,10 @@ impl std::fmt::Display for LeaseError {
                 f,
                 "the {target} lease ({}) is held by {holder}; not waiting because of --no-wait. Retry when it finishes, or drop --no-wait to queue behind it",
                 path.display()
+            ),
+            LeaseError::Interrupted { target, signal } => write!(
+                f,
+                "interrupted by {signal} while waiting for the {target} lease; nothing was run"
             ),
             LeaseError::Io { path, error } => write!(
                 f,
@@ -74,6 +87,8 @@ pub struct Lease {
     _file: File,
 }
 
+/// flock, retried when a signal interrupts it, unless that signal is one the run stops on
+/// (util/interrupt.rs): then Err(Interrupted).
 fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
     loop {
         // SAFETY: the fd is owned by `file` and open for the duration of the call.
@@ -82,7 +97,7 @@ fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
             return Ok(());
         }
         let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
+        if e.kind() != std::io::ErrorKind::Interrupted || interrupt::pending().is_some() {
             return Err(e);
         }
     }
@@ -137,16 +152,22 @@ impl Lease {
                     });
                 }
                 if !quiet {
-                    eprintln!(
+                    sayln!(
                         "[lease] waiting for the {} lease ({}), held by {holder}",
                         target.name(),
                         path.display()
                     );
                 }
                 let t = std::time::Instant::now();
-                flock(&file, libc::LOCK_EX).map_err(io)?;
+                flock(&file, libc::LOCK_EX).map_err(|e| match interrupt::pending() {
+                    Some(signal) => LeaseError::Interrupted {
+                        target: target.name(),
+                        signal,
+                    },
+                    None => io(e),
+                })?;
                 if !quiet {
-                    eprintln!(
+                    sayln!(
                         "[lease] got the {} lease after {:.1} s",
                         target.name(),
                         t.elapsed().as_secs_f64()
@@ -170,6 +191,12 @@ impl Lease {
             _file: file,
         })
     }
+
+    /// The lock file's descriptor, for a child that must hold the lease as long as it lives
+    /// (util/child.rs `tie`).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self._file.as_raw_fd()
+    }
 }
 
 /// What runs under the lease before each leg (and before a `lease` job). The idle gate
@@ -181,6 +208,11 @@ pub trait IdleCheck {
 
 /// `orchestrator lease -- CMD ARGS...`: runs any job under the lease and the idle check; the
 /// job's exit status is passed through (128 + signal when it was killed), 2 when it never ran.
+///
+/// The job runs in a process group of its own, tied to the orchestrator (util/child.rs): if
+/// the orchestrator dies, the job's whole group is killed, and the job holds the lock file open,
+/// so the lease stays held until the job is gone too. SIGINT, SIGTERM and SIGHUP are passed on
+/// to the job's group; whatever of the group outlives the job's own process is named and killed.
 pub fn run_job(
     target: LeaseTarget,
     lock_dir: &Path,
@@ -188,11 +220,11 @@ pub fn run_job(
     argv: &[String],
     idle: &dyn IdleCheck,
 ) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
     let Some(program) = argv.first() else {
-        eprintln!("orchestrator lease: no command given; usage: orchestrator lease [--gpu N] -- CMD ARGS...");
+        sayln!("orchestrator lease: no command given; usage: orchestrator lease [--gpu N] -- CMD ARGS...");
         return 2;
     };
+    interrupt::install();
     let lease = match Lease::acquire(
         target,
         lock_dir,
@@ -202,26 +234,72 @@ pub fn run_job(
     ) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("orchestrator lease: {e}");
+            sayln!("orchestrator lease: {e}");
             return 2;
         }
     };
     match idle.check(&lease) {
-        Ok(s) => eprintln!("[lease] idle check: {s}"),
+        Ok(s) => sayln!("[lease] idle check: {s}"),
         Err(s) => {
-            eprintln!("orchestrator lease: the idle check refused to start the job: {s}");
+            sayln!("orchestrator lease: the idle check refused to start the job: {s}");
             return 2;
         }
     }
-    match std::process::Command::new(program)
-        .args(&argv[1..])
-        .status()
-    {
-        Ok(st) => st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)),
+    if let Some(sig) = interrupt::pending() {
+        sayln!("orchestrator lease: interrupted by {sig} before the job started; nothing was run");
+        return 2;
+    }
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&argv[1..]).process_group(0);
+    child::tie(&mut cmd, Some(lease.fd()));
+    let job = match cmd.spawn() {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!("orchestrator lease: cannot run {program:?} ({e})");
-            2
+            sayln!("orchestrator lease: cannot run {program:?} ({e})");
+            return 2;
         }
+    };
+    wait_job(job)
+}
+
+/// Waits for the job, passing signals on to its group; then kills what is left of the group.
+fn wait_job(mut job: std::process::Child) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    let pgid = job.id() as i32;
+    let guard = child::GroupGuard::start(pgid).ok();
+    let mut forwarded = false;
+    let status = loop {
+        match job.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if let (false, Some(sig)) = (forwarded, interrupt::pending_number()) {
+            sayln!(
+                "[lease] {}: passed on to the job's process group {pgid}",
+                interrupt::name(sig)
+            );
+            crate::legs::watchdog::signal_group(pgid, sig);
+            forwarded = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let left = crate::util::procfs::group_members(pgid);
+    if !left.is_empty() {
+        for p in &left {
+            sayln!(
+                "[lease] pid {p} ({}) outlived the job; killed",
+                crate::util::procfs::command_line(*p)
+            );
+        }
+        crate::legs::watchdog::signal_group(pgid, libc::SIGKILL);
+    }
+    if let Some(g) = guard {
+        g.release();
+    }
+    match status {
+        Some(st) => st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)),
+        None => 2,
     }
 }
 

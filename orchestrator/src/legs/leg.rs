@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::legs::process::{
-    describe_status, run_passes, status_code, tail_lines, Fault, LegProcess,
+    bounded, describe_status, run_passes, status_code, tail_lines, Fault, LegProcess, Pace,
 };
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{Ready, Request};
@@ -17,7 +17,10 @@ use crate::legs::sampler::{LegSampler, SamplerSpec};
 use crate::legs::spec::{BatteryPlan, LegSpec};
 use crate::legs::watchdog::{self, Phase, WatchdogKill};
 use crate::unit::WatchdogCfg;
+use crate::util::child::{self, GroupGuard};
+use crate::util::interrupt;
 use crate::util::procfs::{process_name, stat_state_pgid};
+use crate::util::term::sayln;
 
 mod verify;
 
@@ -26,6 +29,8 @@ pub struct LegRun {
     pub record: LegRecord,
     proc: Option<LegProcess>,
     pgid: Option<i32>,
+    /// Kills the leg's process group if the orchestrator dies (util/child.rs).
+    guard: Option<GroupGuard>,
     sampler: Option<LegSampler>,
     sampler_spec: SamplerSpec,
     started: Instant,
@@ -43,6 +48,7 @@ impl LegRun {
             record,
             proc: None,
             pgid: None,
+            guard: None,
             sampler: None,
             sampler_spec: spec.sampler.clone(),
             started: Instant::now(),
@@ -82,13 +88,15 @@ impl LegRun {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
+        // Dies with the orchestrator, and holds the lease's lock until it is gone.
+        child::tie_async(&mut cmd, spec.lease_fd);
         match cmd.spawn() {
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
                 let stdin = child.stdin.take();
                 let stdout = child.stdout.take().expect("stdout was piped");
                 run.pgid = Some(pid as i32);
-                watchdog::register_group(pid as i32);
+                run.guard = GroupGuard::start(pid as i32).ok();
                 let sampler = LegSampler::start(spec.leg.as_str(), Some(pid), &spec.sampler);
                 sampler.phase.set(Phase::Load.as_str());
                 run.sampler = Some(sampler);
@@ -96,6 +104,7 @@ impl LegRun {
                     child,
                     stdin,
                     stdout: BufReader::new(stdout).lines(),
+                    pace: Pace::new(wd.stall_factor, wd.stall_min_s),
                 });
             }
             Err(e) => {
@@ -129,7 +138,7 @@ impl LegRun {
         let prog = Progress::start(self.record.leg.as_str(), "load", 0, self.quiet);
         let deadline = Phase::Load.deadline(&self.wd);
         self.phase_started = self.started; // load counts from the process start
-        let r = tokio::time::timeout(deadline, p.await_ready()).await;
+        let r = bounded(deadline, p.await_ready()).await;
         match self.settle(Phase::Load, deadline, r).await {
             Some(ready) => {
                 let note = format!("ready (load_s {:.2} reported by the leg)", ready.load_s);
@@ -173,7 +182,7 @@ impl LegRun {
             let deadline = phase.deadline(&self.wd);
             self.phase_started = Instant::now();
             let mut done = vec![];
-            let r = tokio::time::timeout(
+            let r = bounded(
                 deadline,
                 run_passes(p, plan, phase, passes, &mut done, &mut prog),
             )
@@ -217,28 +226,41 @@ impl LegRun {
         self.reap_gpu(&announced);
         if let Some(pgid) = self.pgid.take() {
             let found = watchdog::reap_stragglers(pgid, &announced);
-            watchdog::unregister_group(pgid);
             for s in &found {
                 if !self.quiet {
-                    eprintln!(
+                    sayln!(
                         "[{}] straggler: pid {} ({}) outlived its leg; killed",
-                        self.record.leg, s.pid, s.command
+                        self.record.leg,
+                        s.pid,
+                        s.command
                     );
                 }
             }
             self.record.stragglers.extend(found);
+        }
+        // Its group is empty now: the guard goes without killing anything.
+        if let Some(g) = self.guard.take() {
+            g.release();
         }
     }
 
     /// The shutdown phase proper: the request, then the exit under the deadline.
     async fn stop(&mut self, mut p: LegProcess) {
         let prog = Progress::start(self.record.leg.as_str(), "shutdown", 0, self.quiet);
-        let deadline = Phase::Shutdown.deadline(&self.wd);
+        // Interrupted: the leg still gets its shutdown, but only the grace period for it.
+        let was_interrupted = interrupt::pending().is_some();
+        let deadline = match was_interrupted {
+            true => watchdog::seconds(self.wd.grace_s).min(Phase::Shutdown.deadline(&self.wd)),
+            false => Phase::Shutdown.deadline(&self.wd),
+        };
         let started = Instant::now();
         // A leg that already died fails the send; its exit status is collected below.
         let _ = p.send(&Request::Shutdown.line()).await;
         p.stdin = None; // end of stdin means shutdown too
-        let r = tokio::time::timeout(deadline, p.child.wait()).await;
+        let r = tokio::select! {
+            r = tokio::time::timeout(deadline, p.child.wait()) => r.map_err(|_| ()),
+            _ = interrupt::wait(), if !was_interrupted => Err(()),
+        };
         let outcome = match r {
             Ok(Ok(status)) => {
                 self.record.exit_status = Some(status_code(status));
@@ -262,7 +284,12 @@ impl LegRun {
                 );
                 "FAILED".into()
             }
-            Err(_) => {
+            Err(()) if interrupt::pending().is_some() => {
+                let sig = interrupt::pending().unwrap_or("a signal");
+                self.halt(Phase::Shutdown, Fault::Interrupted(sig)).await;
+                "stopped: the run was interrupted".into()
+            }
+            Err(()) => {
                 self.watchdog_kill(Phase::Shutdown, deadline, started).await;
                 let status = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
                 if let Ok(Ok(s)) = status {
@@ -275,7 +302,9 @@ impl LegRun {
         self.record.phases.push(PhaseTime {
             phase: Phase::Shutdown,
             elapsed_s: el,
-            ok: !outcome.starts_with("FAILED") && !outcome.starts_with("killed"),
+            ok: !outcome.starts_with("FAILED")
+                && !outcome.starts_with("killed")
+                && !outcome.starts_with("stopped"),
         });
     }
 
@@ -299,7 +328,7 @@ impl LegRun {
         let found = watchdog::reap_gpu_stragglers(g.as_mut(), is_leg, process_name);
         for s in &found {
             if !self.quiet {
-                eprintln!(
+                sayln!(
                     "[{}] GPU straggler: pid {} ({}) still held {} MiB after its leg; killed",
                     self.record.leg,
                     s.pid,
@@ -326,38 +355,10 @@ impl LegRun {
         deadline: Duration,
         r: Result<Result<T, Fault>, tokio::time::error::Elapsed>,
     ) -> Option<T> {
-        let leg = self.record.leg;
         match r {
             Ok(Ok(v)) => Some(v),
             Ok(Err(fault)) => {
-                let (kind, msg) = match fault {
-                    Fault::Exited(s) => (
-                        "exited",
-                        format!("the {leg} leg {} during {phase}", describe_status(s)),
-                    ),
-                    Fault::BadLine(line, problem) => (
-                        "malformed_line",
-                        format!(
-                            "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
-                            crate::util::fmt::clip(&line, 300)
-                        ),
-                    ),
-                    Fault::ErrorEvent(e) => (
-                        "error_event",
-                        format!(
-                            "the {leg} leg sent an error event during {phase}: code {:?}: {}",
-                            e.code, e.message
-                        ),
-                    ),
-                    Fault::Protocol(m) => ("protocol", format!("the {leg} leg broke the protocol during {phase}: it {m}")),
-                    Fault::Io(m) => ("protocol", format!("reading the {leg} leg's stdout failed during {phase}: {m}")),
-                };
-                // The leg cannot be trusted to shut down now: stop the whole group.
-                if let Some(pgid) = self.pgid {
-                    let grace = Duration::from_secs_f64(self.wd.grace_s);
-                    watchdog::term_then_kill(pgid, grace).await;
-                }
-                self.fail(phase, kind, msg);
+                self.halt(phase, fault).await;
                 self.collect_exit().await;
                 None
             }
@@ -368,6 +369,36 @@ impl LegRun {
                 None
             }
         }
+    }
+
+    /// Records why the phase stopped and stops the whole group: the leg cannot be trusted to
+    /// shut down now. A stall is also the watchdog's (`record.watchdog`).
+    async fn halt(&mut self, phase: Phase, fault: Fault) {
+        let leg = self.record.leg;
+        let (kind, msg) = fault.describe(leg, phase, &self.wd);
+        let signals = match self.pgid {
+            Some(pgid) => {
+                // A stopped (SIGSTOP) group takes no TERM until it runs again.
+                watchdog::signal_group(pgid, libc::SIGCONT);
+                watchdog::term_then_kill(pgid, watchdog::seconds(self.wd.grace_s)).await
+            }
+            None => vec![],
+        };
+        if let Fault::Stalled {
+            silent_s, bound_s, ..
+        } = fault
+        {
+            self.record.watchdog = Some(WatchdogKill {
+                phase,
+                deadline_s: bound_s,
+                ran_s: silent_s,
+                signals,
+            });
+        }
+        if !self.quiet && matches!(kind, "stalled" | "interrupted") {
+            sayln!("[{leg}] {msg}");
+        }
+        self.fail(phase, kind, msg);
     }
 
     async fn collect_exit(&mut self) {
@@ -383,7 +414,7 @@ impl LegRun {
 
     async fn watchdog_kill(&mut self, phase: Phase, deadline: Duration, started: Instant) {
         let leg = self.record.leg;
-        let grace = Duration::from_secs_f64(self.wd.grace_s);
+        let grace = watchdog::seconds(self.wd.grace_s);
         let signals = match self.pgid {
             Some(pgid) => watchdog::term_then_kill(pgid, grace).await,
             None => vec![],
@@ -401,7 +432,7 @@ impl LegRun {
             if signals.is_empty() { "nothing, the group was gone".to_string() } else { signals.join(" then ") }
         );
         if !self.quiet {
-            eprintln!("[{leg}] {msg}");
+            sayln!("[{leg}] {msg}");
         }
         self.record.watchdog = Some(kill);
         self.fail(phase, "watchdog", msg);

@@ -3,8 +3,8 @@
 //! match (`[gates] kv_match`; the kv gate judges the result), then its battery. Each leg is
 //! preceded by the host probe (host_probe.rs) and followed, before its shutdown, by the verify
 //! phase the caller plans (the token gate's teacher forcing). `--legs` runs one leg alone; the
-//! other's record says why it was not run. SIGINT or SIGTERM kills the running leg's process
-//! group and ends the run without a record.
+//! other's record says why it was not run. SIGINT, SIGTERM or SIGHUP stops the running leg (its
+//! failure says so) and starts no other.
 
 use std::path::{Path, PathBuf};
 
@@ -16,9 +16,11 @@ use crate::legs::protocol::{blocks_for, Kv};
 use crate::legs::record::{LegFailure, LegName, LegRecord};
 use crate::legs::spec::{lease_target, leg_spec, BatteryPlan, LegSpec, Resize};
 use crate::legs::verified::VerifyPlan;
-use crate::legs::watchdog::{self, Phase};
+use crate::legs::watchdog::Phase;
 use crate::unit::preflight::Checked;
 use crate::unit::{KvMatch, LegChoice};
+use crate::util::interrupt;
+use crate::util::term::sayln;
 
 /// Both legs as they ran, and what ran around them.
 pub struct Pair {
@@ -33,6 +35,15 @@ pub struct Pair {
     pub lease_path: PathBuf,
     /// The host's other GPUs as watched while the lease was held (placement.rs).
     pub neighbours: Vec<Neighbour>,
+    /// The signal that interrupted the run (the running leg was stopped, no other started).
+    pub interrupted: Option<&'static str>,
+}
+
+impl Pair {
+    /// Either leg completed its battery: there are numbers to record.
+    pub fn measured(&self) -> bool {
+        self.engine.measured() || self.oracle.measured()
+    }
 }
 
 /// How the lease is taken.
@@ -49,16 +60,9 @@ pub struct LegOptions<'a> {
     pub verify: &'a dyn Fn(&LegRecord) -> VerifyPlan,
 }
 
-/// Takes the lease, runs both legs, gives the lease back. Err: the lease could not be taken,
-/// or the run was interrupted; nothing was measured that could be recorded.
-pub fn run(
-    checked: &Checked,
-    stem: &Path,
-    lease: &LeaseOptions,
-    legs: &LegOptions,
-    quiet: bool,
-    idle: &dyn IdleCheck,
-) -> Result<Pair, String> {
+/// Takes the run's lease, waiting for it unless `wait` is false; Err says why not (busy, a
+/// lock directory that cannot be written, or SIGINT/SIGTERM/SIGHUP while waiting).
+pub fn take_lease(checked: &Checked, lease: &LeaseOptions, quiet: bool) -> Result<Lease, String> {
     let unit = &checked.unit;
     let held = Lease::acquire(
         lease_target(unit),
@@ -73,13 +77,29 @@ pub fn run(
     )
     .map_err(|e| e.to_string())?;
     if !quiet {
-        eprintln!(
+        sayln!(
             "[lease] holding the {} lease ({})",
             held.target.name(),
             held.path.display()
         );
     }
-    let c = unit.config.battery.clone();
+    Ok(held)
+}
+
+/// Runs both legs under `held`, each tied to the orchestrator and holding the lease's lock,
+/// while the host's other GPUs are watched (their leases in `lock_dir`). SIGINT, SIGTERM or
+/// SIGHUP stops the running leg (its failure says so) and starts no other; `Pair::interrupted`
+/// names the signal. Err: the async runtime could not start, or the host's GPUs not be listed.
+pub fn run(
+    checked: &Checked,
+    stem: &Path,
+    held: &Lease,
+    lock_dir: &Path,
+    legs: &LegOptions,
+    quiet: bool,
+    idle: &dyn IdleCheck,
+) -> Result<Pair, String> {
+    let c = checked.unit.config.battery.clone();
     let ctx = Ctx {
         checked,
         stem,
@@ -92,7 +112,7 @@ pub fn run(
             batch_sizes: c.batch_sizes,
         },
         quiet,
-        lease: &held,
+        lease: held,
         idle,
         legs,
     };
@@ -102,7 +122,7 @@ pub fn run(
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let watch = Neighbours::start(
         Watch {
-            lock_dir: lease.lock_dir.to_path_buf(),
+            lock_dir: lock_dir.to_path_buf(),
             gpus: placement::host_gpus().map_err(|e| e.to_string())?,
             open: crate::legs::sampler::nvml::open,
             period: std::time::Duration::from_secs(1),
@@ -112,20 +132,9 @@ pub fn run(
             LeaseTarget::Cpu => None,
         },
     );
-    let legs = rt.block_on(async {
-        tokio::select! {
-            legs = ctx.legs() => Ok(legs),
-            sig = interrupted() => Err(sig),
-        }
-    });
+    let pair = rt.block_on(ctx.legs());
     let neighbours = watch.finish();
-    drop(held);
-    legs.map(|p| Pair { neighbours, ..p }).map_err(|sig| {
-        let killed = watchdog::kill_live_groups();
-        format!(
-            "interrupted by {sig}: killed the running leg's process group(s) {killed:?}; no record was written"
-        )
-    })
+    Ok(Pair { neighbours, ..pair })
 }
 
 /// A leg left out of the run (`--legs`): no failure, nothing measured, and why.
@@ -136,12 +145,13 @@ fn not_run(spec: &LegSpec, why: String) -> LegRecord {
     }
 }
 
-/// A leg that was never started (the idle check refused it).
-fn not_started(spec: &LegSpec, why: String) -> LegRecord {
+/// A leg that was never started: the idle check refused it (`idle`), or the run was
+/// interrupted before it (`interrupted`).
+fn not_started(spec: &LegSpec, kind: &str, why: String) -> LegRecord {
     LegRecord {
         failure: Some(LegFailure {
             phase: Phase::Load,
-            kind: "idle".into(),
+            kind: kind.into(),
             message: why,
             stderr_tail: vec![],
         }),
@@ -161,18 +171,27 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn spec(&self, leg: LegName, resize: Option<&Resize>, suffix: &str) -> LegSpec {
-        leg_spec(
-            self.checked,
-            leg,
-            self.stem,
-            &self.lease.target,
-            resize,
-            suffix,
-        )
+        LegSpec {
+            lease_fd: Some(self.lease.fd()),
+            ..leg_spec(
+                self.checked,
+                leg,
+                self.stem,
+                &self.lease.target,
+                resize,
+                suffix,
+            )
+        }
     }
 
-    /// The idle check before a leg; Err: the leg must not start.
-    fn idle_ok(&self, leg: LegName, notes: &mut Vec<String>) -> Result<(), String> {
+    /// The idle check before a leg; Err(kind, why): the leg must not start.
+    fn idle_ok(&self, leg: LegName, notes: &mut Vec<String>) -> Result<(), (&'static str, String)> {
+        if let Some(sig) = interrupt::pending() {
+            return Err((
+                "interrupted",
+                format!("the run was interrupted by {sig} before the {leg} leg started"),
+            ));
+        }
         match self.idle.check(self.lease) {
             Ok(s) => {
                 notes.push(format!("before the {leg} leg: {s}"));
@@ -180,7 +199,7 @@ impl Ctx<'_> {
             }
             Err(s) => {
                 notes.push(format!("before the {leg} leg: refused: {s}"));
-                Err(s)
+                Err(("idle", s))
             }
         }
     }
@@ -189,7 +208,7 @@ impl Ctx<'_> {
     fn probe(&self, leg: LegName) -> host_probe::HostProbe {
         let p = host_probe::probe();
         if !self.quiet {
-            eprintln!("[{leg}] {}", p.sentence());
+            sayln!("[{leg}] {}", p.sentence());
         }
         p
     }
@@ -205,8 +224,8 @@ impl Ctx<'_> {
 
     async fn full_leg(&self, leg: LegName, notes: &mut Vec<String>) -> LegRecord {
         let spec = self.spec(leg, None, "");
-        if let Err(why) = self.idle_ok(leg, notes) {
-            return not_started(&spec, why);
+        if let Err((kind, why)) = self.idle_ok(leg, notes) {
+            return not_started(&spec, kind, why);
         }
         let probe = self.probe(leg);
         let wd = &self.checked.unit.config.watchdog;
@@ -226,8 +245,8 @@ impl Ctx<'_> {
         notes: &mut Vec<String>,
     ) -> (LegRecord, Option<String>) {
         let spec = self.spec(leg, None, "");
-        if let Err(why) = self.idle_ok(leg, notes) {
-            return (not_started(&spec, why), None);
+        if let Err((kind, why)) = self.idle_ok(leg, notes) {
+            return (not_started(&spec, kind, why), None);
         }
         let unit = &self.checked.unit.config;
         let wd = &unit.watchdog;
@@ -238,14 +257,14 @@ impl Ctx<'_> {
         if run.load().await {
             let mine = run.ready().and_then(|r| r.kv.clone());
             if let (Some(t), Some(m)) = (target, mine) {
-                if !m.within(t, unit.gates.kv_tolerance_blocks) {
+                if !m.within(t, unit.gates.kv_tolerance_blocks) && interrupt::pending().is_none() {
                     let resize = Resize {
                         blocks: blocks_for(t.capacity_tokens, m.block_size),
                         option: m.resize_option().map(str::to_string),
                     };
                     let note = resize_note_for(leg, &resize, &m, t);
                     if !self.quiet {
-                        eprintln!("[{leg}] kv: {note}");
+                        sayln!("[{leg}] kv: {note}");
                     }
                     resize_note = Some(note.clone());
                     if leg == LegName::Engine || resize.option.is_some() {
@@ -297,6 +316,10 @@ impl Ctx<'_> {
         } else {
             (b, a)
         };
+        // Interrupted only if a leg was: a signal after the last leg's end is the run's to judge.
+        let stopped = [&engine, &oracle]
+            .iter()
+            .any(|l| l.failure.as_ref().is_some_and(|f| f.kind == "interrupted"));
         Pair {
             engine,
             oracle,
@@ -305,6 +328,7 @@ impl Ctx<'_> {
             lease: self.lease.target.clone(),
             lease_path: self.lease.path.clone(),
             neighbours: vec![],
+            interrupted: interrupt::pending().filter(|_| stopped),
         }
     }
 }
@@ -326,19 +350,4 @@ fn resize_note_for(leg: LegName, resize: &Resize, mine: &Kv, target: &Kv) -> Str
         "{first} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
         mine.capacity_tokens, mine.num_blocks, mine.block_size, target.capacity_tokens
     )
-}
-
-/// Resolves on SIGINT or SIGTERM with the signal's name (never, if handlers cannot be installed).
-async fn interrupted() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
-    }
 }

@@ -3,15 +3,17 @@
 
 use std::path::Path;
 use std::process::ExitStatus;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready, Request};
+use crate::legs::record::LegName;
 use crate::legs::record::{RequestKind, RequestRecord};
 use crate::legs::spec::BatteryPlan;
 use crate::legs::watchdog::Phase;
+use crate::unit::WatchdogCfg;
 
 /// Why a phase stopped early (before it becomes a [`LegFailure`] with the stderr tail).
 #[derive(Debug)]
@@ -21,6 +23,112 @@ pub(super) enum Fault {
     ErrorEvent(ErrorEvent),
     Protocol(String),
     Io(String),
+    /// SIGINT, SIGTERM or SIGHUP reached the orchestrator (util/interrupt.rs).
+    Interrupted(&'static str),
+    /// Nothing on stdout for longer than the progress deadline ([`Pace`]).
+    Stalled {
+        silent_s: f64,
+        bound_s: f64,
+        longest_s: f64,
+    },
+}
+
+impl Fault {
+    /// The failure's stable kind and its whole sentence, for the `leg` leg in `phase`.
+    pub fn describe(&self, leg: LegName, phase: Phase, wd: &WatchdogCfg) -> (&'static str, String) {
+        match self {
+            Fault::Exited(s) => (
+                "exited",
+                format!("the {leg} leg {} during {phase}", describe_status(*s)),
+            ),
+            Fault::BadLine(line, problem) => (
+                "malformed_line",
+                format!(
+                    "the {leg} leg printed a line on stdout during {phase} that is {problem}: {:?} (stdout is for protocol lines only; logs go to stderr)",
+                    crate::util::fmt::clip(line, 300)
+                ),
+            ),
+            Fault::ErrorEvent(e) => (
+                "error_event",
+                format!(
+                    "the {leg} leg sent an error event during {phase}: code {:?}: {}",
+                    e.code, e.message
+                ),
+            ),
+            Fault::Protocol(m) => (
+                "protocol",
+                format!("the {leg} leg broke the protocol during {phase}: it {m}"),
+            ),
+            Fault::Io(m) => (
+                "protocol",
+                format!("reading the {leg} leg's stdout failed during {phase}: {m}"),
+            ),
+            Fault::Interrupted(sig) => (
+                "interrupted",
+                format!("the run was interrupted by {sig} during the {leg} leg's {phase}; the leg's process group was stopped"),
+            ),
+            Fault::Stalled {
+                silent_s,
+                bound_s,
+                longest_s,
+            } => (
+                "stalled",
+                format!(
+                    "the {leg} leg sent nothing for {silent_s:.1} s during {phase}, past its progress deadline of {bound_s:.1} s (max of [watchdog] stall_min_s {:.0} s and stall_factor {} x its slowest interval between events so far, {longest_s:.3} s): it was stopped, deadlocked or swapping; raise stall_min_s or stall_factor if it legitimately pauses that long",
+                    wd.stall_min_s, wd.stall_factor
+                ),
+            ),
+        }
+    }
+}
+
+/// A phase's future under its deadline, cut short by SIGINT/SIGTERM/SIGHUP.
+pub(super) async fn bounded<T>(
+    deadline: Duration,
+    fut: impl std::future::Future<Output = Result<T, Fault>>,
+) -> Result<Result<T, Fault>, tokio::time::error::Elapsed> {
+    tokio::select! {
+        r = tokio::time::timeout(deadline, fut) => r,
+        sig = crate::util::interrupt::wait() => Ok(Err(Fault::Interrupted(sig))),
+    }
+}
+
+/// The leg's own pace: the longest interval between its events while it answers requests
+/// (from a request sent to its first event, and from each event to the next). Once one is
+/// known, the leg must not fall silent for max(`min_s`, `factor` x the longest): a stopped,
+/// deadlocked or swapping leg is named in minutes, not at its phase's deadline of an hour.
+#[derive(Debug, Clone)]
+pub(super) struct Pace {
+    last: Instant,
+    longest: Option<f64>,
+    factor: f64,
+    min_s: f64,
+}
+
+impl Pace {
+    pub fn new(factor: f64, min_s: f64) -> Pace {
+        Pace {
+            last: Instant::now(),
+            longest: None,
+            factor,
+            min_s,
+        }
+    }
+
+    /// How long the leg may now stay silent; None until its pace is known.
+    pub fn bound(&self) -> Option<f64> {
+        self.longest.map(|l| (l * self.factor).max(self.min_s))
+    }
+
+    fn restart(&mut self) {
+        self.last = Instant::now();
+    }
+
+    fn event(&mut self) {
+        let gap = self.last.elapsed().as_secs_f64();
+        self.longest = Some(self.longest.map_or(gap, |l| l.max(gap)));
+        self.last = Instant::now();
+    }
 }
 
 pub(super) fn status_code(s: ExitStatus) -> i32 {
@@ -54,6 +162,7 @@ pub(super) struct LegProcess {
     pub child: Child,
     pub stdin: Option<ChildStdin>,
     pub stdout: Lines<BufReader<ChildStdout>>,
+    pub pace: Pace,
 }
 
 impl LegProcess {
@@ -91,6 +200,28 @@ impl LegProcess {
         }
     }
 
+    /// The next event of a request, under the progress deadline once the pace is known.
+    async fn next_paced(&mut self) -> Result<Event, Fault> {
+        let ev = match self.pace.bound() {
+            None => self.next_event().await,
+            Some(bound) => {
+                let wait = crate::legs::watchdog::seconds(bound);
+                match tokio::time::timeout(wait, self.next_event()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        return Err(Fault::Stalled {
+                            silent_s: self.pace.last.elapsed().as_secs_f64(),
+                            bound_s: bound,
+                            longest_s: self.pace.longest.unwrap_or(0.0),
+                        })
+                    }
+                }
+            }
+        };
+        self.pace.event();
+        ev
+    }
+
     pub async fn await_ready(&mut self) -> Result<Ready, Fault> {
         match self.next_event().await? {
             Event::Ready(r) => Ok(*r),
@@ -119,9 +250,10 @@ impl LegProcess {
             batch,
         };
         self.send(&req.line()).await?;
+        self.pace.restart();
         let mut results: Vec<Option<PromptResult>> = vec![None; prompts.len()];
         loop {
-            match self.next_event().await? {
+            match self.next_paced().await? {
                 Event::Result(r) if r.id == id => {
                     let i = r.index;
                     match results.get_mut(i) {

@@ -2,6 +2,7 @@
 //! has a known length. On a terminal the counter redraws in place; in a log it is one line per
 //! quarter, so a 10-minute run shows where it is without flooding the file.
 
+use crate::util::term::{say, sayln};
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
@@ -21,9 +22,9 @@ impl Progress {
         let tty = std::io::stderr().is_terminal();
         if !quiet {
             if total > 0 {
-                eprintln!("{label}: started, {total} prompt(s) to run");
+                sayln!("{label}: started, {total} prompt(s) to run");
             } else {
-                eprintln!("{label}: started");
+                sayln!("{label}: started");
             }
         }
         Progress {
@@ -46,7 +47,7 @@ impl Progress {
         if self.tty {
             let width = 30;
             let filled = (self.done * width / self.total).min(width);
-            eprint!(
+            say!(
                 "\r{}: [{}{}] {}/{} prompts, {:.1} s ",
                 self.label,
                 "#".repeat(filled),
@@ -60,9 +61,12 @@ impl Progress {
             let q = self.done * 4 / self.total;
             if q > self.last_quarter && self.done < self.total {
                 self.last_quarter = q;
-                eprintln!(
+                sayln!(
                     "{}: {}/{} prompts, {:.1} s",
-                    self.label, self.done, self.total, el
+                    self.label,
+                    self.done,
+                    self.total,
+                    el
                 );
             }
         }
@@ -72,15 +76,17 @@ impl Progress {
         let el = self.start.elapsed().as_secs_f64();
         if !self.quiet {
             if self.tty && self.total > 0 {
-                eprintln!();
+                sayln!();
             }
             if self.total > 0 {
-                eprintln!(
+                sayln!(
                     "{}: {outcome} in {el:.1} s ({}/{} prompts)",
-                    self.label, self.done, self.total
+                    self.label,
+                    self.done,
+                    self.total
                 );
             } else {
-                eprintln!("{}: {outcome} in {el:.1} s", self.label);
+                sayln!("{}: {outcome} in {el:.1} s", self.label);
             }
         }
         el

@@ -165,6 +165,8 @@ pub enum LineProblem {
     NoType,
     UnknownType(String),
     BadFields(String, String),
+    /// A field docs/PROTOCOL.md does not define for this event: refused, never ignored.
+    UnknownFields(String, Vec<String>),
 }
 
 impl std::fmt::Display for LineProblem {
@@ -176,9 +178,36 @@ impl std::fmt::Display for LineProblem {
             LineProblem::BadFields(t, e) => {
                 write!(f, "a {t:?} event with missing or mistyped fields ({e})")
             }
+            LineProblem::UnknownFields(t, keys) => write!(
+                f,
+                "a {t:?} event with field(s) the protocol does not define ({}); a leg sends only the fields docs/PROTOCOL.md lists (open objects such as features, versions, resolved and kv may hold any key)",
+                keys.join(", ")
+            ),
         }
     }
 }
+
+/// Every top-level field each event may carry (docs/PROTOCOL.md). Any other field refuses the
+/// line: a misspelt optional field (`ttft` for `ttft_s`) would otherwise vanish unnoticed. The
+/// objects inside (`features`, `versions`, `resolved`, `kv`) are open.
+pub const EVENT_FIELDS: &[(&str, &[&str])] = &[
+    (
+        "ready",
+        &[
+            "type", "load_s", "kv", "features", "versions", "resolved", "pid", "pids",
+        ],
+    ),
+    (
+        "result",
+        &["type", "id", "index", "tokens", "elapsed_s", "ttft_s"],
+    ),
+    ("done", &["type", "id", "wall_s", "tokens"]),
+    ("error", &["type", "id", "code", "message", "fatal"]),
+    (
+        "verified",
+        &["type", "id", "index", "argmax", "gap", "scale", "path"],
+    ),
+];
 
 pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
     let v: Value = serde_json::from_str(line).map_err(|e| LineProblem::NotJson(e.to_string()))?;
@@ -190,6 +219,16 @@ pub fn parse_event(line: &str) -> Result<Event, LineProblem> {
         .and_then(Value::as_str)
         .ok_or(LineProblem::NoType)?
         .to_string();
+    if let Some((_, known)) = EVENT_FIELDS.iter().find(|(t, _)| *t == ty) {
+        let unknown: Vec<String> = obj
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(LineProblem::UnknownFields(ty, unknown));
+        }
+    }
     fn fields<T: DeserializeOwned>(ty: &str, v: Value) -> Result<T, LineProblem> {
         serde_json::from_value(v).map_err(|e| LineProblem::BadFields(ty.into(), e.to_string()))
     }
@@ -310,5 +349,30 @@ mod tests {
             v.line(),
             "{\"type\":\"verify\",\"id\":\"v8\",\"prompts\":[[1,2]],\"forced\":[[3]],\"batch\":8}\n"
         );
+    }
+
+    #[test]
+    fn an_unknown_field_refuses_the_event_and_open_objects_stay_open() {
+        let e = parse_event(
+            r#"{"type":"result","id":"x","index":0,"tokens":[1],"elapsed_s":0.1,"ttft":0.01}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            LineProblem::UnknownFields("result".into(), vec!["ttft".into()])
+        );
+        assert!(e.to_string().contains("(ttft)"), "{e}");
+        assert!(matches!(
+            parse_event(r#"{"type":"done","id":"x","wall_s":1,"tokens":2,"extra":true}"#),
+            Err(LineProblem::UnknownFields(..))
+        ));
+        let r = parse_event(
+            r#"{"type":"ready","load_s":1,"kv":{"block_size":16,"num_blocks":2,"capacity_tokens":32,"vllm_reported_tokens":30},"features":{"anything":1},"versions":{},"resolved":{"x":[1]},"pid":7,"pids":[7]}"#,
+        );
+        assert!(r.is_ok(), "{r:?}");
+        // Every event type parse_event reads has its list of fields.
+        for ty in ["ready", "result", "done", "error", "verified"] {
+            assert!(EVENT_FIELDS.iter().any(|(t, _)| *t == ty), "{ty}");
+        }
     }
 }

@@ -21,6 +21,8 @@ pub struct LegSpec {
     pub log_path: PathBuf,
     /// What to sample while it runs, and where the series goes.
     pub sampler: SamplerSpec,
+    /// The lease's lock file, kept open in the leg so the lease is held until it is gone.
+    pub lease_fd: Option<std::os::fd::RawFd>,
 }
 
 /// What each pass over the battery asks for.
@@ -202,6 +204,7 @@ pub fn leg_spec(
         env,
         log_path: beside("log"),
         sampler,
+        lease_fd: None,
     }
 }
 

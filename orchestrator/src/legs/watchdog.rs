@@ -5,7 +5,6 @@
 //! `pids` the leg announced in `ready`.
 
 use serde::{Deserialize, Serialize};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::unit::WatchdogCfg;
@@ -42,8 +41,15 @@ impl Phase {
             Phase::Verify => cfg.verify_s,
             Phase::Shutdown => cfg.shutdown_s,
         };
-        Duration::from_secs_f64(s)
+        seconds(s)
     }
+}
+
+/// A unit's seconds as a duration, never panicking: preflight bounds them to
+/// [`crate::unit::MAX_DEADLINE_S`], and a value that got past it anyway is clamped there.
+pub fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.min(crate::unit::MAX_DEADLINE_S))
+        .unwrap_or(Duration::from_secs(0))
 }
 
 impl std::fmt::Display for Phase {
@@ -109,34 +115,6 @@ pub fn reap_gpu_stragglers(
             mib,
             killed: is_alive(pid as i32) && signal_pid(pid as i32, libc::SIGKILL),
         })
-        .collect()
-}
-
-/// Process groups of legs now running. The legs are not in the orchestrator's foreground group,
-/// so a Ctrl-C never reaches them: on SIGINT/SIGTERM the run kills these before it exits.
-static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
-
-pub fn register_group(pgid: i32) {
-    if let Ok(mut g) = LIVE_GROUPS.lock() {
-        g.push(pgid);
-    }
-}
-
-pub fn unregister_group(pgid: i32) {
-    if let Ok(mut g) = LIVE_GROUPS.lock() {
-        g.retain(|&p| p != pgid);
-    }
-}
-
-/// SIGKILLs every registered leg group; returns the groups it reached.
-pub fn kill_live_groups() -> Vec<i32> {
-    let groups = LIVE_GROUPS
-        .lock()
-        .map(|mut g| std::mem::take(&mut *g))
-        .unwrap_or_default();
-    groups
-        .into_iter()
-        .filter(|&pg| signal_group(pg, libc::SIGKILL))
         .collect()
 }
 

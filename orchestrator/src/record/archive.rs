@@ -282,12 +282,16 @@ pub fn load_file(path: &Path, root: &Path) -> Result<Stored, Rejected> {
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
+        // Dot names are never records: a record being written is a dot-file temporary
+        // (record::write_new_atomic), and `.unrecorded/` holds runs without one (record/claim.rs).
+        if p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
+            continue;
+        }
         if p.is_dir() {
             walk(&p, out)?;
-        } else if p.extension().is_some_and(|x| x == "json")
-            // A record being written is a dot-file temporary (record::write_new_atomic).
-            && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
-        {
+        } else if p.extension().is_some_and(|x| x == "json") {
             out.push(p);
         }
     }

@@ -2,6 +2,7 @@
 //! rewritten. docs/RECORD.md documents every field.
 
 pub mod archive;
+pub mod claim;
 pub mod class;
 pub mod legstate;
 mod provenance;
@@ -54,8 +55,13 @@ pub struct Record {
     /// The timeline picture (SVG) beside the record.
     #[serde(default)]
     pub timeline: Option<PathBuf>,
-    /// The exit status the run ends with (0 all gates passed, 1 refusals, 2 nothing measured).
+    /// The exit status the run ends with (0 all gates passed, 1 refusals, 2 nothing measured
+    /// or interrupted).
     pub exit_status: i32,
+    /// The run was interrupted (SIGINT, SIGTERM, SIGHUP) after something was measured: when,
+    /// and what it cost, in words. Absent for a run that was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -186,6 +192,11 @@ impl Record {
             clock_explain: found.clock_explain,
             timeline: None,
             exit_status: found.exit_status,
+            interrupted: pair.interrupted.map(|sig| {
+                format!(
+                    "by {sig} during the legs: the running leg was stopped and no other started"
+                )
+            }),
         }
     }
 }

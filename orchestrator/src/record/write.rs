@@ -1,68 +1,12 @@
-//! Writing a record: a stem no other run took, files written atomically and never over an
-//! existing one, and the paths of the files beside the record named relative to it.
+//! Writing a record: files written atomically and never over an existing one (the stem is
+//! claimed by record/claim.rs), and the paths of the files beside the record named relative to
+//! it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::Record;
 use crate::legs::LegRecord;
-
-/// `<dir>/<stamp>-<tree8>` with a numeric suffix if a record or log of that stem exists, so two
-/// runs in one second never share files. The stem is claimed by creating `.<stem>.claim`
-/// exclusively (O_EXCL), so that two runs starting in the same second against one directory (a
-/// fleet's tasks on two nodes of a shared file system) cannot both take it; a [`StemClaim`]
-/// removes the claim when the run ends.
-pub fn choose_stem(dir: &Path, stamp: &str, tree: &str) -> PathBuf {
-    let tree8: String = tree.chars().take(8).collect();
-    let base = format!("{stamp}-{tree8}");
-    for i in 0.. {
-        let stem = if i == 0 {
-            base.clone()
-        } else {
-            format!("{base}-{i}")
-        };
-        let taken = std::fs::read_dir(dir)
-            .map(|rd| {
-                rd.flatten().any(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{stem}."))
-                })
-            })
-            .unwrap_or(false);
-        if taken {
-            continue;
-        }
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(claim_path(&dir.join(&stem)))
-        {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            // Any other error: the directory is not writable, which writing the record will say.
-            _ => return dir.join(stem),
-        }
-    }
-    unreachable!("the loop returns")
-}
-
-fn claim_path(stem: &Path) -> PathBuf {
-    let name = stem
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    stem.with_file_name(format!(".{name}.claim"))
-}
-
-/// Holds the claim on a stem; dropping it removes the claim (by then the record holds the name,
-/// or the run ended without one and the stem is free again).
-pub struct StemClaim(pub PathBuf);
-
-impl Drop for StemClaim {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(claim_path(&self.0));
-    }
-}
 
 /// Writes `bytes` to `path` atomically and never over an existing file: a temporary file in the
 /// same directory, fsync, then a hard link to the final name (link fails if the name exists,
@@ -150,32 +94,5 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("r.json")]);
-    }
-
-    #[test]
-    fn stems() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = choose_stem(dir.path(), "S", "0123456789ab");
-        assert_eq!(a.file_name().unwrap(), "S-01234567");
-        std::fs::write(a.with_extension("json"), "x").unwrap();
-        std::fs::write(dir.path().join("S-01234567.engine.log"), "x").unwrap();
-        let b = choose_stem(dir.path(), "S", "0123456789ab");
-        assert_eq!(b.file_name().unwrap(), "S-01234567-1");
-        // A claimed stem is taken even before any of its files exists, until released.
-        let c = choose_stem(dir.path(), "T", "0123456789ab");
-        let d = choose_stem(dir.path(), "T", "0123456789ab");
-        assert_eq!(
-            (c.file_name().unwrap(), d.file_name().unwrap()),
-            ("T-01234567".as_ref(), "T-01234567-1".as_ref())
-        );
-        std::fs::write(c.with_extension("json"), "x").unwrap();
-        drop((StemClaim(c), StemClaim(d)));
-        assert!(!dir.path().join(".T-01234567.claim").exists());
-        assert_eq!(
-            choose_stem(dir.path(), "T", "0123456789ab")
-                .file_name()
-                .unwrap(),
-            "T-01234567-1"
-        );
     }
 }

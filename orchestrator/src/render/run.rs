@@ -144,6 +144,9 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     if let Some(o) = placement::summary(&rec.lease.neighbours) {
         line(format!("other GPUs: {o}"));
     }
+    if let Some(how) = &rec.interrupted {
+        line(format!("\nINTERRUPTED {how}"));
+    }
     if !rec.refusals.is_empty() {
         line(format!("\nRefusals ({}):", rec.refusals.len()));
         rec.refusals.iter().for_each(|r| line(format!("- {r}")));
@@ -218,6 +221,9 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
         for (gate, n) in notes {
             item(&mut s, &format!("{gate}: {n}"));
         }
+    }
+    if let Some(how) = &rec.interrupted {
+        s.push_str(&format!("\n**Interrupted** {how}.\n"));
     }
     s.push_str(&closing(rec));
     s

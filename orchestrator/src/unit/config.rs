@@ -234,6 +234,12 @@ pub struct WatchdogCfg {
     /// Seconds between SIGTERM and SIGKILL of a leg's process group.
     #[serde(default = "default_grace_s")]
     pub grace_s: f64,
+    /// The progress deadline: once a leg has answered, it is stopped if it then emits nothing
+    /// for max(stall_min_s, stall_factor x the longest interval between its events so far).
+    #[serde(default = "default_stall_factor")]
+    pub stall_factor: f64,
+    #[serde(default = "default_stall_min_s")]
+    pub stall_min_s: f64,
 }
 
 impl Default for WatchdogCfg {
@@ -245,6 +251,8 @@ impl Default for WatchdogCfg {
             verify_s: default_verify_s(),
             shutdown_s: default_shutdown_s(),
             grace_s: default_grace_s(),
+            stall_factor: default_stall_factor(),
+            stall_min_s: default_stall_min_s(),
         }
     }
 }
@@ -323,4 +331,10 @@ fn default_shutdown_s() -> f64 {
 }
 fn default_grace_s() -> f64 {
     5.0
+}
+fn default_stall_factor() -> f64 {
+    10.0
+}
+fn default_stall_min_s() -> f64 {
+    60.0
 }

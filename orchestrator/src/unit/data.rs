@@ -152,12 +152,24 @@ pub fn load_golden(
         ));
     }
     for p in prompts {
-        if g.output(&p.id).is_none() {
+        let Some(out) = g.output(&p.id) else {
             return Err(err(
                 path,
                 format!(
                     "no output for prompt {:?}; recapture the golden over this prompts file",
                     p.id
+                ),
+            ));
+        };
+        // With ignore_eos every output runs to max_tokens; without, a shorter one must end at an
+        // EOS id, which preflight checks against config.json.
+        let n = out.tokens.len();
+        if battery.ignore_eos && n < battery.max_tokens as usize {
+            return Err(err(
+                path,
+                format!(
+                    "the output for prompt {:?} holds {n} token(s) but battery.max_tokens = {} (with ignore_eos every output runs to max_tokens): the token gate would blame correct legs for the missing ones; recapture the golden",
+                    p.id, battery.max_tokens
                 ),
             ));
         }

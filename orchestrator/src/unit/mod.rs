@@ -9,6 +9,7 @@
 pub mod choice;
 mod config;
 mod data;
+pub mod facts;
 pub mod preflight;
 
 pub use choice::LegChoice;
@@ -43,6 +44,23 @@ pub(crate) fn err(file: &Path, message: impl Into<String>) -> UnitError {
         file: file.to_path_buf(),
         message: message.into(),
     }
+}
+
+/// The longest deadline the watchdog takes, in seconds (a week): beyond it a number is a typo,
+/// and 1e300 would not even convert to a duration.
+pub const MAX_DEADLINE_S: f64 = 604_800.0;
+
+/// The dtypes a leg runs in and a golden is captured in (as `ready.features.dtype` says them).
+pub const DTYPES: &[&str] = &["float32", "bfloat16", "float16"];
+
+/// A unit name: the directory of its records, so a plain file name (no newline, no '/', no
+/// leading '.' or '-').
+fn name_ok(name: &str) -> bool {
+    (1..=100).contains(&name.len())
+        && !name.starts_with(['.', '-'])
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'))
 }
 
 /// A parsed unit with its paths resolved.
@@ -108,10 +126,10 @@ impl Unit {
     fn validate(&self) -> Result<(), UnitError> {
         let c = &self.config;
         let p = &self.path;
-        if c.name.is_empty() || c.name.contains('/') || c.name.starts_with('.') {
+        if !name_ok(&c.name) {
             return Err(err(
                 p,
-                format!("name = {:?} is not usable as a directory name under reports/records/; use e.g. \"tiny-llama\"", c.name),
+                format!("name = {:?} is not usable as a directory name under reports/records/: letters, digits, '.', '_' and '-' only, 1 to 100 of them, not starting with '.' or '-'; use e.g. \"tiny-llama\"", c.name),
             ));
         }
         if c.battery.max_tokens < 2 {
@@ -151,17 +169,92 @@ impl Unit {
             ("verify_s", c.watchdog.verify_s),
             ("shutdown_s", c.watchdog.shutdown_s),
             ("grace_s", c.watchdog.grace_s),
+            ("stall_min_s", c.watchdog.stall_min_s),
         ] {
-            if !(v.is_finite() && v > 0.0) {
+            if !(v.is_finite() && v > 0.0 && v <= MAX_DEADLINE_S) {
                 return Err(err(
                     p,
                     format!(
-                        "watchdog.{name} = {v}: a deadline must be a positive number of seconds"
+                        "watchdog.{name} = {v}: a deadline must be a positive number of seconds, at most {MAX_DEADLINE_S} (a week)"
                     ),
                 ));
             }
         }
+        let f = c.watchdog.stall_factor;
+        if !(1.0..=1000.0).contains(&f) {
+            return Err(err(
+                p,
+                format!("watchdog.stall_factor = {f}: it multiplies a leg's slowest interval between events, so 1 to 1000"),
+            ));
+        }
+        for (name, v, min) in [
+            ("nvml_period_ms", c.sampler.nvml_period_ms, 1),
+            ("host_period_ms", c.sampler.host_period_ms, 10),
+        ] {
+            if !(min..=60_000).contains(&v) {
+                return Err(err(
+                    p,
+                    format!("sampler.{name} = {v}: a poll period must be {min} to 60000 ms (0 would poll in a busy loop, taking a core from the legs)"),
+                ));
+            }
+        }
         parse_device(&c.engine.device).map_err(|m| err(p, format!("engine.device: {m}")))?;
+        parse_device(&c.oracle.device).map_err(|m| err(p, format!("oracle.device: {m}")))?;
+        self.validate_engine()?;
+        self.validate_dtypes()
+    }
+
+    /// The engine's pool and batch settings: zero is never a size, and the largest batch of the
+    /// battery must fit `max_batch` (the engine would refuse it at run time).
+    fn validate_engine(&self) -> Result<(), UnitError> {
+        let (e, p) = (&self.config.engine, &self.path);
+        for (name, v) in [
+            ("block_size", e.block_size.map(u64::from)),
+            ("num_blocks", e.num_blocks),
+            ("kv_cache_memory", e.kv_cache_memory),
+            ("max_batch", e.max_batch.map(u64::from)),
+        ] {
+            if v == Some(0) {
+                return Err(err(p, format!("engine.{name} = 0 holds nothing; give 1 or more, or remove the key for the engine's default")));
+            }
+        }
+        let largest = self
+            .config
+            .battery
+            .batch_sizes
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(1);
+        if let Some(m) = e.max_batch.filter(|&m| m < largest) {
+            return Err(err(
+                p,
+                format!("engine.max_batch = {m} but battery.batch_sizes asks for batch {largest}, which the engine would refuse; raise max_batch to {largest} or drop that batch size"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every dtype named is one a leg can run and a golden can be captured in.
+    fn validate_dtypes(&self) -> Result<(), UnitError> {
+        let c = &self.config;
+        let mut named = vec![("oracle.dtype".to_string(), &c.oracle.dtype)];
+        for (i, g) in c.golden.iter().enumerate() {
+            named.push((format!("golden[{i}].dtype"), &g.dtype));
+            parse_device(&g.device)
+                .map_err(|m| err(&self.path, format!("golden[{i}].device: {m}")))?;
+        }
+        for (key, d) in named {
+            if !DTYPES.contains(&d.as_str()) {
+                return Err(err(
+                    &self.path,
+                    format!(
+                        "{key} = {d:?} is not a dtype a leg runs in; use one of {}",
+                        DTYPES.join(", ")
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -357,6 +450,89 @@ backend = "transformers"
             .unwrap_err()
             .to_string();
         assert!(e.contains("at least 2"), "{e}");
+    }
+
+    fn refused(text: &str) -> String {
+        Unit::parse(Path::new("/x/unit.toml"), text)
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// Values that parsed and then panicked or misbehaved at run time are named at preflight.
+    #[test]
+    fn hostile_values_are_refused_by_name() {
+        for (key, table, v) in [
+            ("battery_s", "watchdog", "1e300"),
+            ("grace_s", "watchdog", "1e300"),
+            ("load_s", "watchdog", "inf"),
+        ] {
+            let e = refused(&format!("{MINIMAL}\n[{table}]\n{key} = {v}\n"));
+            assert!(
+                e.contains(&format!("watchdog.{key} = ")) && e.contains("a week"),
+                "{e}"
+            );
+        }
+        let e = refused(&format!("{MINIMAL}\n[sampler]\nhost_period_ms = 0\n"));
+        assert!(
+            e.contains("sampler.host_period_ms = 0") && e.contains("busy loop"),
+            "{e}"
+        );
+        for name in ["a\\nb", "", ".hidden", "-x", "a/b", "a b"] {
+            let e = refused(&MINIMAL.replace("name = \"t\"", &format!("name = \"{name}\"")));
+            assert!(e.contains("not usable as a directory name"), "{name}: {e}");
+        }
+        let e = refused(&format!("{MINIMAL}\n[engine]\nmax_batch = 0\n"));
+        assert!(e.contains("engine.max_batch = 0 holds nothing"), "{e}");
+        let e = refused(
+            &MINIMAL
+                .replace("[battery]", "[battery]\nbatch_sizes = [1, 8]")
+                .replace("[oracle]", "[engine]\nmax_batch = 4\n[oracle]"),
+        );
+        assert!(
+            e.contains("engine.max_batch = 4 but battery.batch_sizes asks for batch 8"),
+            "{e}"
+        );
+        let e = refused(&MINIMAL.replace(
+            "file = \"golden.json\"",
+            "file = \"golden.json\"\ndtype = \"float64\"",
+        ));
+        assert!(
+            e.contains("golden[0].dtype = \"float64\" is not a dtype"),
+            "{e}"
+        );
+        let e = refused(&MINIMAL.replace(
+            "backend = \"transformers\"",
+            "backend = \"transformers\"\ndevice = \"tpu\"",
+        ));
+        assert!(e.contains("oracle.device"), "{e}");
+    }
+
+    /// A golden cut to 10 tokens against max_tokens = 32 passed preflight, then the token gate
+    /// refused both legs ("first differs at position 9: got 511, golden 511").
+    #[test]
+    fn a_golden_shorter_than_max_tokens_is_refused_at_load() {
+        let d = tempfile::tempdir().unwrap();
+        let g = |n: usize| {
+            serde_json::json!({"schema": 1, "max_tokens": 32, "ignore_eos": true,
+                "capture": {}, "outputs": [{"id": "p0", "tokens": vec![5; n]}]})
+            .to_string()
+        };
+        let path = d.path().join("golden.json");
+        let u = Unit::parse(Path::new("/x/unit.toml"), MINIMAL).unwrap();
+        let prompts = vec![Prompt {
+            id: "p0".into(),
+            tokens: vec![1],
+        }];
+        std::fs::write(&path, g(32)).unwrap();
+        assert!(load_golden(&path, &u.config.battery, &prompts).is_ok());
+        std::fs::write(&path, g(10)).unwrap();
+        let e = load_golden(&path, &u.config.battery, &prompts)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("prompt \"p0\" holds 10 token(s) but battery.max_tokens = 32"),
+            "{e}"
+        );
     }
 
     #[test]

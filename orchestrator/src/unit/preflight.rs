@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::unit::facts::ModelFacts;
 use crate::unit::{self, Golden, LegChoice, Prompt, Unit};
+use crate::util::term::sayln;
 
 /// Architectures the engine serves (docs/UNIT.md keeps this list).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
@@ -64,7 +66,7 @@ pub struct Report {
 impl Report {
     fn say(&mut self, line: String) {
         if self.print {
-            eprintln!("[check] {line}");
+            sayln!("[check] {line}");
         }
         self.lines.push(line);
     }
@@ -80,6 +82,17 @@ impl Report {
             Ok(what) => self.ok(check, what),
             Err(m) => self.fail(check, m),
         }
+    }
+}
+
+/// A pending SIGINT/SIGTERM/SIGHUP (util/interrupt.rs) becomes the `interrupted` failure.
+fn interrupted(rep: &mut Report, when: &str) -> bool {
+    match crate::util::interrupt::pending() {
+        Some(sig) => {
+            rep.fail("interrupted", format!("{sig} {when}; nothing was run"));
+            true
+        }
+        None => false,
     }
 }
 
@@ -143,8 +156,12 @@ pub fn preflight_legs(
         }
     };
     rep.check("model", check_model(&unit.model_dir()));
+    let facts = ModelFacts::read(&unit.model_dir());
+    if let (Some(prompts), Some(facts)) = (&prompts, &facts) {
+        rep.check("vocabulary", facts.check_prompts(prompts));
+    }
     let goldens = match &prompts {
-        Some(p) => load_goldens(&mut rep, &unit, p),
+        Some(p) => load_goldens(&mut rep, &unit, p, facts.as_ref()),
         None => BTreeMap::new(),
     };
     let engine_binary = unit.engine_binary(&root);
@@ -162,13 +179,15 @@ pub fn preflight_legs(
         },
     );
     let python = oracle_python(&unit, python_cli);
-    rep.check(
-        "oracle",
-        match legs.oracle() {
-            false => not_run(),
-            true => check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
-        },
-    );
+    if legs.oracle() && !interrupted(&mut rep, "before the oracle check") {
+        rep.check(
+            "oracle",
+            check_oracle(&python, unit.config.oracle.backend.as_str(), &root),
+        );
+        interrupted(&mut rep, "during the oracle check, which was stopped");
+    } else if !legs.oracle() {
+        rep.check("oracle", not_run());
+    }
     let checked = (rep.failures.is_empty()).then(|| Checked {
         unit,
         project_root: root,
@@ -180,12 +199,27 @@ pub fn preflight_legs(
     (rep, checked)
 }
 
-/// Each `[[golden]]` of the unit, loaded and checked against the battery, by its file name.
-fn load_goldens(rep: &mut Report, unit: &Unit, prompts: &[Prompt]) -> BTreeMap<PathBuf, Golden> {
+/// Each `[[golden]]` of the unit, loaded and checked against the battery and the model's
+/// vocabulary and EOS ids (`facts`), by its file name.
+fn load_goldens(
+    rep: &mut Report,
+    unit: &Unit,
+    prompts: &[Prompt],
+    facts: Option<&ModelFacts>,
+) -> BTreeMap<PathBuf, Golden> {
     let mut goldens = BTreeMap::new();
     for g in &unit.config.golden {
         let path = unit.resolve(&g.file);
-        match unit::load_golden(&path, &unit.config.battery, prompts) {
+        let loaded = unit::load_golden(&path, &unit.config.battery, prompts)
+            .map_err(|e| e.to_string())
+            .and_then(|gold| match facts {
+                Some(f) => f
+                    .check_golden(&gold, unit.config.battery.max_tokens)
+                    .map(|()| gold)
+                    .map_err(|m| format!("{}: {m}", path.display())),
+                None => Ok(gold),
+            });
+        match loaded {
             Ok(gold) => {
                 rep.ok(
                     "golden",
@@ -201,7 +235,7 @@ fn load_goldens(rep: &mut Report, unit: &Unit, prompts: &[Prompt]) -> BTreeMap<P
                 );
                 goldens.insert(g.file.clone(), gold);
             }
-            Err(e) => rep.fail("golden", e.to_string()),
+            Err(e) => rep.fail("golden", e),
         }
     }
     goldens
@@ -370,8 +404,13 @@ fn check_oracle(python: &str, backend: &str, root: &Path) -> Result<String, Stri
         .current_dir(root)
         .env("PYTHONPATH", pythonpath(root))
         .stdin(std::process::Stdio::null());
-    let out = run_with_timeout(cmd, Duration::from_secs(600))
-        .map_err(|e| format!("`{shown}` could not be run ({e}); set [oracle] python, --python or LLM_BENCH_PYTHON to an interpreter with the oracle's requirements"))?;
+    let out = run_with_timeout(cmd, Duration::from_secs(600)).map_err(|e| {
+        match crate::util::interrupt::pending() {
+            Some(sig) => format!("`{shown}` was stopped by {sig}"),
+            None => format!("`{shown}` could not be run ({e}); set [oracle] python, --python or LLM_BENCH_PYTHON to an interpreter with the oracle's requirements"),
+        }
+    })?;
+
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -406,12 +445,18 @@ pub fn pythonpath(root: &Path) -> String {
     }
 }
 
+/// Runs `cmd` to its end, in a process group of its own tied to the orchestrator
+/// (util/child.rs); the group is killed at `limit`, or when a SIGINT/SIGTERM/SIGHUP arrives.
 fn run_with_timeout(mut cmd: Command, limit: Duration) -> std::io::Result<std::process::Output> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    crate::util::child::tie(&mut cmd, None);
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
+    let guard = crate::util::child::GroupGuard::start(child.id() as i32).ok();
     let mut so = child.stdout.take().expect("piped");
     let mut se = child.stderr.take().expect("piped");
     let t_out = std::thread::spawn(move || {
@@ -429,16 +474,28 @@ fn run_with_timeout(mut cmd: Command, limit: Duration) -> std::io::Result<std::p
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        if start.elapsed() > limit {
+        let why = if start.elapsed() > limit {
+            Some(format!("no answer in {} s", limit.as_secs()))
+        } else {
+            crate::util::interrupt::pending().map(|sig| format!("stopped by {sig}"))
+        };
+        if let Some(why) = why {
+            if let Some(g) = guard {
+                g.fire();
+            }
             let _ = child.kill();
             let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer in {} s", limit.as_secs()),
-            ));
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
+    // The child is gone; anything it left in its group (which would hold the pipes open) goes.
+    let pgid = child.id() as i32;
+    match guard {
+        Some(g) if crate::util::procfs::group_members(pgid).is_empty() => g.release(),
+        Some(g) => g.fire(),
+        None => {}
+    }
     Ok(std::process::Output {
         status,
         stdout: t_out.join().unwrap_or_default(),

@@ -402,6 +402,7 @@ mod tests {
             env: vec![],
             log_path: "x".into(),
             sampler: Default::default(),
+            lease_fd: None,
         };
         let mut r = LegRecord::new(&spec);
         for &b in batches {

@@ -16,6 +16,7 @@ pub mod series;
 pub mod summary;
 mod threads;
 
+use crate::util::term::sayln;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -136,7 +137,7 @@ impl LegSampler {
         static SAID: AtomicBool = AtomicBool::new(false);
         if let Some(why) = &no_gpu {
             if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
+                sayln!("[sampler] no GPU data: {why}; GPU gates will say not applicable");
             }
         }
         let gpu_thread = gpu.ok().map(|g| {
@@ -232,7 +233,7 @@ impl LegSampler {
         if let Some(path) = &self.spec.series {
             match write_series(path, &rows) {
                 Ok(()) => series = Some(path.clone()),
-                Err(e) => eprintln!(
+                Err(e) => sayln!(
                     "[{}] sampler: cannot write the series {} ({e}); the summary is still recorded",
                     self.leg,
                     path.display()
