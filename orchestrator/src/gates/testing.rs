@@ -5,8 +5,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{Gate, GateInput, GateResult};
+use crate::legs::protocol::PromptResult;
+use crate::legs::record::{RequestKind, RequestRecord};
 use crate::legs::sampler::summary::summarize;
 use crate::legs::sampler::Row;
+use crate::legs::watchdog::Phase;
 use crate::legs::LegRecord;
 use crate::unit::Unit;
 
@@ -83,4 +86,37 @@ fn with_input(
         oracle,
         kv_resize: None,
     })
+}
+
+/// A leg whose battery holds, per (pass, batch), one request with these rows.
+pub fn battery(leg: &str, rows: Vec<(u32, u32, Vec<Vec<u32>>)>) -> LegRecord {
+    let mut l = record(leg);
+    l.requests = rows
+        .into_iter()
+        .map(|(pass, batch, toks)| RequestRecord {
+            id: format!("r{pass}-b{batch}"),
+            phase: Phase::Battery,
+            pass,
+            kind: if batch == 1 {
+                RequestKind::Decode
+            } else {
+                RequestKind::Batch
+            },
+            batch,
+            max_tokens: 4,
+            wall_s: 1.0,
+            results: toks
+                .into_iter()
+                .enumerate()
+                .map(|(i, tokens)| PromptResult {
+                    id: format!("r{pass}"),
+                    index: i,
+                    tokens,
+                    elapsed_s: 0.1,
+                    ttft_s: None,
+                })
+                .collect(),
+        })
+        .collect();
+    l
 }

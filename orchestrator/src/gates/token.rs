@@ -355,10 +355,8 @@ fn judge_tallies(input: &GateInput, rec: &LegRecord, file: PathBuf, golden: &Gol
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::legs::protocol::PromptResult;
-    use crate::legs::record::{RequestKind, RequestRecord};
+    use crate::legs::record::RequestKind;
     use crate::legs::verified::{Differ, VerifiedRow, VerifyRecord};
-    use crate::legs::watchdog::Phase;
 
     fn golden() -> Golden {
         exact::tests::golden()
@@ -437,31 +435,8 @@ mod tests {
     }
 
     fn leg(rows: Vec<(u32, Vec<Vec<u32>>)>) -> LegRecord {
-        let mut l = crate::gates::testing::record("engine");
-        l.requests = rows
-            .into_iter()
-            .map(|(pass, toks)| RequestRecord {
-                id: format!("r{pass}"),
-                phase: Phase::Battery,
-                pass,
-                kind: RequestKind::Decode,
-                batch: 1,
-                max_tokens: 4,
-                wall_s: 1.0,
-                results: toks
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, tokens)| PromptResult {
-                        id: format!("r{pass}"),
-                        index: i,
-                        tokens,
-                        elapsed_s: 0.1,
-                        ttft_s: None,
-                    })
-                    .collect(),
-            })
-            .collect();
-        l
+        let rows = rows.into_iter().map(|(pass, toks)| (pass, 1, toks));
+        crate::gates::testing::battery("engine", rows.collect())
     }
 
     /// The gate over a CPU unit (golden: transformers, cpu, float32; batch sizes 1 and 4) with

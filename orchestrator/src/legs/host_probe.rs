@@ -9,6 +9,8 @@
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+use crate::util::procfs::{self, read_trim};
+
 /// Words in the table (8 bytes each: 1 MiB).
 const TABLE: usize = 1 << 17;
 /// Steps of the walk per run.
@@ -49,12 +51,6 @@ fn walk(table: &mut [u64]) -> u64 {
     acc
 }
 
-fn read_trim(path: &str) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 /// Times the workload here and now, on the calling thread.
 pub fn probe() -> HostProbe {
     let mut ms = Vec::with_capacity(RUNS);
@@ -66,14 +62,7 @@ pub fn probe() -> HostProbe {
         checksum = std::hint::black_box(walk(std::hint::black_box(&mut table)));
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let cpu_model = read_trim("/proc/cpuinfo")
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
+    let cpu_model = procfs::cpu_model();
     HostProbe {
         work: format!(
             "a dependent pseudo-random walk of {STEPS} steps over a {} KiB table, single thread, best of {RUNS}",

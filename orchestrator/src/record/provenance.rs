@@ -60,19 +60,8 @@ pub fn sha256_file(path: &Path) -> Option<String> {
 
 impl HostInfo {
     pub fn read() -> HostInfo {
-        let read = |p: &str| {
-            std::fs::read_to_string(p)
-                .ok()
-                .map(|s| s.trim().to_string())
-        };
-        let cpu_model = read("/proc/cpuinfo")
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown".into());
+        let read = crate::util::procfs::read_trim;
+        let cpu_model = crate::util::procfs::cpu_model();
         let mut sys = sysinfo::System::new();
         sys.refresh_memory();
         HostInfo {

@@ -67,11 +67,28 @@ pub fn process_name(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// The kernel's boot id: two legs on different boots are not on a comparable GPU.
-pub fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+/// A /proc (or any) file's text, trimmed; none where it cannot be read.
+pub fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())
+}
+
+/// The kernel's boot id: two legs on different boots are not on a comparable GPU.
+pub fn boot_id() -> Option<String> {
+    read_trim("/proc/sys/kernel/random/boot_id")
+}
+
+/// The host CPU's model name (/proc/cpuinfo), or "unknown".
+pub fn cpu_model() -> String {
+    read_trim("/proc/cpuinfo")
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(test)]

@@ -175,9 +175,6 @@ pub fn tally(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::legs::protocol::PromptResult;
-    use crate::legs::record::RequestRecord;
-    use crate::legs::watchdog::Phase;
     use crate::unit::{GoldenCapture, GoldenOutput};
 
     pub(crate) fn golden() -> Golden {
@@ -211,37 +208,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// A leg whose battery holds, per (pass, batch), one request with these rows.
     fn leg(rows: Vec<(u32, u32, Vec<Vec<u32>>)>) -> LegRecord {
-        let mut l = crate::gates::testing::record("engine");
-        l.requests = rows
-            .into_iter()
-            .map(|(pass, batch, toks)| RequestRecord {
-                id: format!("r{pass}-b{batch}"),
-                phase: Phase::Battery,
-                pass,
-                kind: if batch == 1 {
-                    RequestKind::Decode
-                } else {
-                    RequestKind::Batch
-                },
-                batch,
-                max_tokens: 4,
-                wall_s: 1.0,
-                results: toks
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, tokens)| PromptResult {
-                        id: format!("r{pass}"),
-                        index: i,
-                        tokens,
-                        elapsed_s: 0.1,
-                        ttft_s: None,
-                    })
-                    .collect(),
-            })
-            .collect();
-        l
+        crate::gates::testing::battery("engine", rows)
     }
 
     fn ids() -> Vec<String> {
