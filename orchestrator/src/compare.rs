@@ -115,6 +115,32 @@ fn ungated_because(rec: &RecordView, axis: &Axis, engine_only: bool) -> Option<S
     })
 }
 
+/// Both records' samples, each divided by the median of its prompt's samples in both records
+/// together: prompts of 5 and of 1,000 tokens then speak on one scale, so the test sees how a
+/// prompt's time changed and not how long the prompts are (time to first token spans 0.4x to
+/// 2x of its median across a battery). Prompts only one record has are left out: they cannot
+/// say what changed. Throughput, one prompt per repeat, is only rescaled.
+fn per_prompt(base: &Keyed, head: &Keyed) -> (Vec<f64>, Vec<f64>) {
+    let mut by: BTreeMap<usize, [Vec<f64>; 2]> = BTreeMap::new();
+    for (side, xs) in [base, head].into_iter().enumerate() {
+        for ((prompt, _), x) in xs {
+            by.entry(*prompt).or_default()[side].push(*x);
+        }
+    }
+    let (mut nb, mut nh) = (vec![], vec![]);
+    for [b, h] in by.values() {
+        let both: Vec<f64> = b.iter().chain(h).copied().collect();
+        match ::stats::median(&both) {
+            Some(m) if m > 0.0 && !b.is_empty() && !h.is_empty() => {
+                nb.extend(b.iter().map(|x| x / m));
+                nh.extend(h.iter().map(|x| x / m));
+            }
+            _ => {}
+        }
+    }
+    (nb, nh)
+}
+
 /// Two reasons not to judge, as one phrase.
 fn join(a: Option<String>, b: Option<String>) -> Option<String> {
     match (a, b) {
@@ -208,7 +234,10 @@ pub fn compare_unit(
             [b, h],
             t,
         );
-        out.rows.push(judge(what("ours"), &veb, &veh, ours_why, t));
+        let (nb, nh) = per_prompt(&eb, &eh);
+        let mut ours = judge(what("ours"), &nb, &nh, ours_why, t);
+        (ours.base_median, ours.head_median) = (::stats::median(&veb), ::stats::median(&veh));
+        out.rows.push(ours);
         out.rows.push(judge(
             what("ours/oracle"),
             &ratios(&eb, &ob),

@@ -25,6 +25,8 @@ pub struct Synth {
     pub vllm: String,
     pub repeat: u32,
     pub prompts: usize,
+    /// How much longer each prompt's samples are than the one before (0.01 = 1% per prompt).
+    pub spread: f64,
     /// Our per-token time and TTFT are multiplied by this, our throughput divided by it.
     pub engine_scale: f64,
     /// Both legs are multiplied by this (a faster or slower machine).
@@ -56,6 +58,7 @@ impl Synth {
             vllm: "0.26.0".into(),
             repeat: 4,
             prompts: 5,
+            spread: 0.01,
             engine_scale: 1.0,
             machine_scale: 1.0,
             noise: 0.002,
@@ -75,9 +78,9 @@ impl Synth {
         for pass in 0..self.repeat {
             for p in 0..self.prompts {
                 let i = u64::from(pass) * 100 + p as u64 + salt * 10_000;
-                // Prompts differ a little in length, so samples are not all alike.
+                // Prompts differ in length, so samples are not all alike.
                 let s = base_s
-                    * (1.0 + 0.01 * p as f64)
+                    * (1.0 + self.spread * p as f64)
                     * leg_scale
                     * self.machine_scale
                     * (1.0 + self.noise * noise(self.seed, i));
