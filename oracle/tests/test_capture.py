@@ -28,7 +28,11 @@ def test_recapture_reproduces_golden(unit, tmp_path):
                    for r, t in zip(o["runner_up"], o["tokens"]))
     # The tiny units are built so that no greedy step is a near-tie.
     assert new["capture"]["min_margin"] >= 1e-3
-    assert new["capture"]["min_margin"] == pytest.approx(old["capture"]["min_margin"], abs=1e-5)
+    # The margin is a difference of two float32 logits: another CPU sums them in another order
+    # (torch picks AVX2 or AVX-512 kernels by the CPU), which moved tiny-llama's from 0.005247 to
+    # 0.005258 on an AVX-512 Xeon with every token unchanged. 2% of it is far below any change
+    # of model or computation and far above that noise.
+    assert new["capture"]["min_margin"] == pytest.approx(old["capture"]["min_margin"], rel=2e-2)
 
 
 def test_capture_check_mode_detects_a_changed_golden(tmp_path, capsys):
