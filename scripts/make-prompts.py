@@ -4,9 +4,11 @@
     python3 scripts/make-prompts.py --model llama-3.2-1b --out goldens/llama-3.2-1b/prompts.json
 
 The model's config comes from scripts/make-checkpoint.py (the same names). Ids are drawn
-uniformly from the ordinary tokens: 0 up to (not including) the lowest of vocab_size,
-bos_token_id and the eos ids, which for Llama 3 (specials from 128000) and Qwen2.5 (specials from
-151643; ids above 151664 are padding rows) leaves out every special and reserved id. The stream
+uniformly from the ordinary tokens: where the special ids (bos, eos, pad) sit at the top of the
+vocabulary, 0 up to (not including) the lowest of them, which for Llama 3 (specials from 128000)
+and Qwen2.5 (specials from 151643; ids above 151664 are padding rows) leaves out every special
+and reserved id; where they sit at the bottom (Nemotron-H: pad 0, bos 1, eos 2), from above the
+highest of them to vocab_size. The stream
 is seeded by (seed, model), so the same command always writes the same bytes.
 """
 import argparse
@@ -28,17 +30,21 @@ def models():
     return mod.MODELS
 
 
-def ordinary_limit(cfg):
+def ordinary_range(cfg):
+    """[lo, hi): the ids clear of every special one (module docstring)."""
     eos = cfg.get("eos_token_id")
     eos = eos if isinstance(eos, list) else [eos]
-    ids = [cfg["vocab_size"], cfg.get("bos_token_id")] + eos
-    return min(i for i in ids if isinstance(i, int) and i > 0)
+    vocab = cfg["vocab_size"]
+    specials = [i for i in [cfg.get("bos_token_id"), cfg.get("pad_token_id")] + eos if isinstance(i, int)]
+    if specials and max(specials) < vocab // 2:
+        return max(specials) + 1, vocab
+    return 0, min([vocab] + [i for i in specials if i > 0])
 
 
 def prompts(cfg, model, seed, lengths):
-    limit = ordinary_limit(cfg)
+    lo, hi = ordinary_range(cfg)
     rng = random.Random(int.from_bytes(hashlib.sha256(f"{seed}:{model}".encode()).digest()[:8], "little"))
-    return [{"id": f"p{k}", "tokens": [rng.randrange(limit) for _ in range(n)]} for k, n in enumerate(lengths)]
+    return [{"id": f"p{k}", "tokens": [rng.randrange(lo, hi) for _ in range(n)]} for k, n in enumerate(lengths)]
 
 
 def main():
@@ -54,11 +60,15 @@ def main():
     made_by = f"scripts/make-prompts.py --model {a.model} --seed {a.seed} --lengths {','.join(map(str, lengths))}"
     # One prompt per line: diffs stay readable.
     lines = [f'  {json.dumps(p, separators=(", ", ": "))}' for p in ps]
-    text = '{"schema": 1, "made_by": ' + json.dumps(made_by) + ', "ordinary_ids_below": ' + str(ordinary_limit(cfg)) + ', "prompts": [\n' + ",\n".join(lines) + "\n]}\n"
+    lo, hi = ordinary_range(cfg)
+    # The key's name is kept for the prompts already committed; a range that does not start at
+    # 0 says so in its own key.
+    span = f'"ordinary_ids_below": {hi}' if lo == 0 else f'"ordinary_ids": [{lo}, {hi}]'
+    text = '{"schema": 1, "made_by": ' + json.dumps(made_by) + ', ' + span + ', "prompts": [\n' + ",\n".join(lines) + "\n]}\n"
     json.loads(text)
     with open(a.out, "w") as f:
         f.write(text)
-    print(f"{a.out}: {len(ps)} prompts, lengths {lengths}, ids below {ordinary_limit(cfg)}", file=sys.stderr)
+    print(f"{a.out}: {len(ps)} prompts, lengths {lengths}, ids in [{lo}, {hi})", file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::hybrid::{Block, Hybrid, NemotronHConfig};
 
 /// The architectures the engine implements (`architectures[0]` in `config.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +16,8 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// The Mamba-2 / attention / MLP hybrid (hybrid.rs).
+    NemotronH,
 }
 
 impl Architecture {
@@ -23,6 +26,7 @@ impl Architecture {
         "MistralForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "NemotronHForCausalLM",
     ];
 
     fn from_hf(name: &str) -> Option<Self> {
@@ -31,6 +35,7 @@ impl Architecture {
             "MistralForCausalLM" => Self::Mistral,
             "Qwen2ForCausalLM" => Self::Qwen2,
             "Qwen3ForCausalLM" => Self::Qwen3,
+            "NemotronHForCausalLM" => Self::NemotronH,
             _ => return None,
         })
     }
@@ -41,6 +46,7 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::NemotronH => "NemotronHForCausalLM",
         }
     }
 }
@@ -132,6 +138,9 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// The layer kinds and Mamba-2 sizes of a hybrid (Nemotron-H); `None` for the Llama family,
+    /// whose every layer is attention + SwiGLU MLP.
+    pub hybrid: Option<Hybrid>,
 }
 
 impl ModelConfig {
@@ -153,9 +162,15 @@ impl ModelConfig {
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        let hf: HfConfig = serde_json::from_str(text).map_err(|e| Error::Load {
+        let invalid = |e: serde_json::Error| Error::Load {
             message: format!("config.json is not a valid model config: {e}"),
-        })?;
+        };
+        let v: serde_json::Value = serde_json::from_str(text).map_err(invalid)?;
+        if v["architectures"][0] == Architecture::NemotronH.hf_name() {
+            let hf: NemotronHConfig = serde_json::from_value(v).map_err(invalid)?;
+            return hf.resolve();
+        }
+        let hf: HfConfig = serde_json::from_value(v).map_err(invalid)?;
         Self::from_hf(&hf)
     }
 
@@ -173,6 +188,13 @@ impl ModelConfig {
                 Architecture::SUPPORTED.join(", ")
             ))
         })?;
+        if architecture == Architecture::NemotronH {
+            return Err(load(
+                "NemotronHForCausalLM's config has its own fields; read it with \
+                 ModelConfig::parse"
+                    .into(),
+            ));
+        }
         if hf.num_attention_heads == 0 || hf.hidden_size == 0 || hf.num_hidden_layers == 0 {
             return Err(load(
                 "hidden_size, num_hidden_layers and num_attention_heads must be positive".into(),
@@ -238,8 +260,7 @@ impl ModelConfig {
         let attention_bias = hf.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias) = match architecture {
             Architecture::Qwen2 => (true, false),
-            Architecture::Qwen3 => (attention_bias, attention_bias),
-            Architecture::Llama | Architecture::Mistral => (attention_bias, attention_bias),
+            _ => (attention_bias, attention_bias),
         };
         let eos_token_ids = match &hf.eos_token_id {
             None => vec![],
@@ -266,6 +287,7 @@ impl ModelConfig {
             o_bias,
             mlp_bias: hf.mlp_bias.unwrap_or(false),
             qk_norm: architecture == Architecture::Qwen3,
+            hybrid: None,
         })
     }
 
@@ -275,6 +297,15 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Layers that keep K and V in the paged pool: every layer of the Llama family, the
+    /// attention layers of a hybrid.
+    pub fn kv_layers(&self) -> usize {
+        match &self.hybrid {
+            None => self.num_layers,
+            Some(h) => h.count(Block::Attention),
+        }
     }
 }
 
@@ -287,17 +318,34 @@ pub const MAX_DIM: usize = 1 << 24;
 /// epsilon loads but divides by zero, or by a negative, on an all-zero row).
 fn check_sizes(hf: &HfConfig) -> Result<()> {
     let load = |message: String| Error::Load { message };
-    let sizes = [
-        ("hidden_size", Some(hf.hidden_size)),
-        ("intermediate_size", Some(hf.intermediate_size)),
-        ("num_attention_heads", Some(hf.num_attention_heads)),
-        ("num_key_value_heads", hf.num_key_value_heads),
-        ("head_dim", hf.head_dim),
-        ("vocab_size", Some(hf.vocab_size)),
-        ("num_hidden_layers", Some(hf.num_hidden_layers)),
-        ("max_position_embeddings", hf.max_position_embeddings),
-    ];
-    for (key, v) in sizes {
+    if hf.num_attention_heads * hf.head_dim.unwrap_or(1) > MAX_DIM {
+        return Err(load(format!(
+            "num_attention_heads x head_dim = {} x {} exceeds {MAX_DIM}",
+            hf.num_attention_heads,
+            hf.head_dim.unwrap_or(1)
+        )));
+    }
+    check_dims(
+        &[
+            ("hidden_size", Some(hf.hidden_size)),
+            ("intermediate_size", Some(hf.intermediate_size)),
+            ("num_attention_heads", Some(hf.num_attention_heads)),
+            ("num_key_value_heads", hf.num_key_value_heads),
+            ("head_dim", hf.head_dim),
+            ("vocab_size", Some(hf.vocab_size)),
+            ("num_hidden_layers", Some(hf.num_hidden_layers)),
+            ("max_position_embeddings", hf.max_position_embeddings),
+        ],
+        hf.rms_norm_eps,
+    )
+}
+
+/// Every size in `sizes` is positive and at most [`MAX_DIM`] (absent ones are not checked), and
+/// the norm's epsilon a positive number (a negative or zero epsilon loads but divides by zero,
+/// or by a negative, on an all-zero row).
+pub(crate) fn check_dims(sizes: &[(&str, Option<usize>)], eps: f64) -> Result<()> {
+    let load = |message: String| Error::Load { message };
+    for &(key, v) in sizes {
         if let Some(v) = v {
             if v == 0 || v > MAX_DIM {
                 return Err(load(format!(
@@ -307,14 +355,6 @@ fn check_sizes(hf: &HfConfig) -> Result<()> {
             }
         }
     }
-    if hf.num_attention_heads * hf.head_dim.unwrap_or(1) > MAX_DIM {
-        return Err(load(format!(
-            "num_attention_heads x head_dim = {} x {} exceeds {MAX_DIM}",
-            hf.num_attention_heads,
-            hf.head_dim.unwrap_or(1)
-        )));
-    }
-    let eps = hf.rms_norm_eps;
     if !(eps.is_finite() && eps > 0.0 && (eps as f32) > 0.0) {
         return Err(load(format!(
             "rms_norm_eps = {eps} must be a positive number (RMSNorm divides by \

@@ -13,12 +13,12 @@ use crate::kv::{BlockTable, PoolShape};
 use crate::rope;
 use crate::weights::Checkpoint;
 
-struct Linear {
+pub(crate) struct Linear {
     /// [out, in], row-major, as torch stores `nn.Linear.weight`.
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-    out: usize,
-    inp: usize,
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+    pub out: usize,
+    pub inp: usize,
 }
 
 struct Layer {
@@ -52,10 +52,109 @@ pub struct CpuBackend {
 }
 
 /// One token position in a forward pass.
-struct Row<'a> {
-    token: u32,
-    position: usize,
-    table: &'a BlockTable,
+pub(crate) struct Row<'a> {
+    pub token: u32,
+    pub position: usize,
+    pub table: &'a BlockTable,
+}
+
+/// The paged KV storage of one attention layer and how to read it: [num_blocks][kv_heads]
+/// [block_size][head_dim] for K and for V.
+pub(crate) struct KvLayer<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+impl KvLayer<'_> {
+    pub fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
+        cache_offset(
+            self.num_kv_heads,
+            self.block_size,
+            self.head_dim,
+            block,
+            kv_head,
+            slot,
+        )
+    }
+}
+
+pub(crate) fn cache_offset(
+    kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+    block: usize,
+    kv_head: usize,
+    slot: usize,
+) -> usize {
+    ((block * kv_heads + kv_head) * block_size + slot) * head_dim
+}
+
+/// Writes each row's K and V (`[rows][kv_heads * head_dim]`) at its position. Every row goes
+/// in before any row attends, so the rows of one prefill see each other (causally).
+pub(crate) fn store_kv(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    shape: (usize, usize, usize),
+    rows: &[Row<'_>],
+    k: &[f32],
+    v: &[f32],
+) {
+    let (kv_heads, block_size, hd) = shape;
+    for (i, r) in rows.iter().enumerate() {
+        let (block, slot) = r.table.locate(r.position);
+        for kvh in 0..kv_heads {
+            let dst = cache_offset(kv_heads, block_size, hd, block, kvh, slot);
+            let src = (i * kv_heads + kvh) * hd;
+            k_cache[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
+            v_cache[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+        }
+    }
+}
+
+/// Causal GQA attention of each row over its sequence's cached positions `0..=position`, with
+/// the planted attention faults (`faults`; none for a clean build).
+pub(crate) fn attend(kv: &KvLayer<'_>, rows: &[Row<'_>], q: &[f32], faults: &Faults) -> Vec<f32> {
+    let (hd, heads) = (kv.head_dim, kv.num_heads);
+    let q_dim = heads * hd;
+    let group = heads / kv.num_kv_heads;
+    let scale = faults.attention_scale(hd);
+    let kv_shift = usize::from(faults.has(Fault::KvGroup));
+    let nan_past_512 = faults.has(Fault::NanPast512);
+    let mut out = vec![0.0; rows.len() * q_dim];
+    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (i, head) = (idx / heads, idx % heads);
+        let r = &rows[i];
+        if nan_past_512 && r.position >= 512 {
+            o.fill(f32::NAN);
+            return;
+        }
+        let kvh = (head / group + kv_shift) % kv.num_kv_heads;
+        let qh = &q[i * q_dim + head * hd..][..hd];
+        let mut scores: Vec<f32> = (0..=r.position)
+            .map(|p| {
+                let (block, slot) = r.table.locate(p);
+                dot(qh, &kv.k[kv.offset(block, kvh, slot)..][..hd]) * scale
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for s in &mut scores {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        for (p, s) in scores.iter().enumerate() {
+            let (block, slot) = r.table.locate(p);
+            let w = s / sum;
+            for (a, b) in o.iter_mut().zip(&kv.v[kv.offset(block, kvh, slot)..][..hd]) {
+                *a += w * b;
+            }
+        }
+    });
+    out
 }
 
 impl CpuBackend {
@@ -142,11 +241,6 @@ impl CpuBackend {
         })
     }
 
-    fn cache_offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
-        ((block * self.cfg.num_kv_heads + kv_head) * self.pool.block_size + slot)
-            * self.cfg.head_dim
-    }
-
     /// Runs `rows` through the model and returns the logits after each row in `sample`, one
     /// vocabulary-long row each. `rope_shift` rotates q and k that many positions ahead (the
     /// `rope_shift` fault's decode steps; 0 otherwise).
@@ -178,18 +272,23 @@ impl CpuBackend {
                     rope::apply(head, &self.inv_freq, at);
                 }
             }
-            // Every row's K and V go into the cache before any row attends, so the rows of one
-            // prefill see each other (causally) through the cache.
-            for (i, r) in rows.iter().enumerate() {
-                let (block, slot) = r.table.locate(r.position);
-                for kvh in 0..cfg.num_kv_heads {
-                    let dst = self.cache_offset(block, kvh, slot);
-                    let src = i * cfg.kv_dim() + kvh * hd;
-                    self.k_cache[li][dst..dst + hd].copy_from_slice(&k[src..src + hd]);
-                    self.v_cache[li][dst..dst + hd].copy_from_slice(&v[src..src + hd]);
-                }
-            }
-            let attn = self.attention(li, rows, &q);
+            store_kv(
+                &mut self.k_cache[li],
+                &mut self.v_cache[li],
+                (cfg.num_kv_heads, self.pool.block_size, hd),
+                rows,
+                &k,
+                &v,
+            );
+            let kv = KvLayer {
+                k: &self.k_cache[li],
+                v: &self.v_cache[li],
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: hd,
+                block_size: self.pool.block_size,
+            };
+            let attn = attend(&kv, rows, &q, &self.faults);
             let o = layer.o.forward(&attn, n);
             add_in_place(&mut x, &o);
             rms_norm(&x, &layer.post_norm, cfg.rms_norm_eps, &mut xn);
@@ -232,54 +331,9 @@ impl CpuBackend {
         let shift = self.faults.decode_rope_shift();
         self.forward(&rows, &all, shift)
     }
-
-    /// Causal GQA attention of each row over its sequence's cached positions `0..=position`.
-    fn attention(&self, layer: usize, rows: &[Row<'_>], q: &[f32]) -> Vec<f32> {
-        let cfg = &self.cfg;
-        let hd = cfg.head_dim;
-        let group = cfg.num_heads / cfg.num_kv_heads;
-        let scale = self.faults.attention_scale(hd);
-        let kv_shift = usize::from(self.faults.has(Fault::KvGroup));
-        let nan_past_512 = self.faults.has(Fault::NanPast512);
-        let (kc, vc) = (&self.k_cache[layer], &self.v_cache[layer]);
-        let mut out = vec![0.0; rows.len() * cfg.q_dim()];
-        out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-            let (i, head) = (idx / cfg.num_heads, idx % cfg.num_heads);
-            let r = &rows[i];
-            if nan_past_512 && r.position >= 512 {
-                o.fill(f32::NAN);
-                return;
-            }
-            let kvh = (head / group + kv_shift) % cfg.num_kv_heads;
-            let qh = &q[i * cfg.q_dim() + head * hd..][..hd];
-            let mut scores: Vec<f32> = (0..=r.position)
-                .map(|p| {
-                    let (block, slot) = r.table.locate(p);
-                    dot(qh, &kc[self.cache_offset(block, kvh, slot)..][..hd]) * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in &mut scores {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            for (p, s) in scores.iter().enumerate() {
-                let (block, slot) = r.table.locate(p);
-                let w = s / sum;
-                for (a, b) in o
-                    .iter_mut()
-                    .zip(&vc[self.cache_offset(block, kvh, slot)..][..hd])
-                {
-                    *a += w * b;
-                }
-            }
-        });
-        out
-    }
 }
 
-fn prefill_rows<'a>(tokens: &[u32], table: &'a BlockTable) -> Vec<Row<'a>> {
+pub(crate) fn prefill_rows<'a>(tokens: &[u32], table: &'a BlockTable) -> Vec<Row<'a>> {
     tokens
         .iter()
         .enumerate()
@@ -337,14 +391,14 @@ impl Backend for CpuBackend {
 }
 
 impl Linear {
-    fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         matmul_t(x, rows, &self.w, self.out, self.inp, self.b.as_deref())
     }
 }
 
 /// `x [rows, inp] @ w[out, inp]^T + b`, parallel over blocks of output features. Each element is
 /// one `dot`, so its value does not depend on `rows`.
-fn matmul_t(
+pub(crate) fn matmul_t(
     x: &[f32],
     rows: usize,
     w: &[f32],
@@ -380,7 +434,7 @@ fn matmul_t(
 
 /// Eight independent partial sums, so the compiler vectorises it; a fixed order, so it is
 /// reproducible.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, at) = a.split_at(a.len() / 8 * 8);
     let (bc, bt) = b.split_at(ac.len());
@@ -396,18 +450,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-fn silu(x: f32) -> f32 {
+pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-fn add_in_place(x: &mut [f32], y: &[f32]) {
+pub(crate) fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
 }
 
 /// transformers' RMSNorm: `w * (x * rsqrt(mean(x^2) + eps))`, row by row (row = `w.len()`).
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
         let inv = 1.0 / (xr.iter().map(|v| v * v).sum::<f32>() / w.len() as f32 + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {

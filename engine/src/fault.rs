@@ -75,6 +75,10 @@ impl Fault {
                 "{} has no q/k/v biases to drop (attention_bias is off; Qwen2 has them)",
                 cfg.architecture.hf_name()
             )),
+            Self::RopeShift if cfg.hybrid.is_some() => Some(format!(
+                "{} has no RoPE: its attention layers take no positions",
+                cfg.architecture.hf_name()
+            )),
             Self::KvGroup if cfg.num_kv_heads < 2 => Some(format!(
                 "the model has {} KV head, so no query head can read the wrong one",
                 cfg.num_kv_heads
@@ -146,7 +150,12 @@ impl Faults {
             reason,
         };
         if let Some(l) = self.skipped_norm_layer(cfg) {
-            let name = format!("model.layers.{l}.input_layernorm.weight");
+            let norm = if cfg.hybrid.is_some() {
+                "norm"
+            } else {
+                "input_layernorm"
+            };
+            let name = format!("model.layers.{l}.{norm}.weight");
             if ckpt.get(&name)?.to_f32().iter().all(|&w| w == 1.0) {
                 return Err(refuse(
                     Fault::NormSkip,

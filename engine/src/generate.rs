@@ -572,6 +572,7 @@ mod tests {
         let table = BlockTable {
             blocks: (0..8).collect(),
             block_size: 16,
+            state_slot: None,
         };
         let mut positive = 0;
         for r in &got {

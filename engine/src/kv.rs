@@ -15,6 +15,11 @@ pub struct PoolShape {
     pub num_blocks: usize,
     /// Bytes of one block across every layer, K and V.
     pub bytes_per_block: usize,
+    /// Per-sequence recurrent states beside the blocks (a hybrid's Mamba layers): one slot per
+    /// sequence in flight; 0 for a model without recurrent layers.
+    pub state_slots: usize,
+    /// Bytes of one slot across every recurrent layer (conv window and SSM state).
+    pub bytes_per_state_slot: usize,
 }
 
 impl PoolShape {
@@ -28,6 +33,19 @@ impl PoolShape {
 
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// The same pool with `slots` recurrent-state slots of `bytes` each beside it.
+    pub fn with_state_slots(self, slots: usize, bytes: usize) -> Self {
+        Self {
+            state_slots: slots,
+            bytes_per_state_slot: bytes,
+            ..self
+        }
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.state_slots * self.bytes_per_state_slot
     }
 }
 
@@ -43,9 +61,9 @@ pub enum PoolSize {
     },
 }
 
-/// Bytes one token occupies in the cache: K and V, every layer, every KV head.
+/// Bytes one token occupies in the cache: K and V, every attention layer, every KV head.
 pub fn bytes_per_token(cfg: &ModelConfig, elem_bytes: usize) -> usize {
-    cfg.num_layers * 2 * cfg.kv_dim() * elem_bytes
+    cfg.kv_layers() * 2 * cfg.kv_dim() * elem_bytes
 }
 
 pub fn resolve_pool(
@@ -70,13 +88,14 @@ pub fn resolve_pool(
         .ok_or_else(|| too_large(format!("a KV block of {block_size} tokens")))?;
     let num_blocks = match size {
         PoolSize::Blocks(n) => n,
-        PoolSize::Bytes(b) => b / bytes_per_block,
+        // A hybrid without attention layers has blocks of no bytes: they only count positions.
+        PoolSize::Bytes(b) => b / bytes_per_block.max(1),
         PoolSize::Default {
             max_batch,
             cap_bytes,
         } => {
             let wanted = max_batch.saturating_mul(cfg.max_position_embeddings.div_ceil(block_size));
-            wanted.min(cap_bytes / bytes_per_block)
+            wanted.min(cap_bytes / bytes_per_block.max(1))
         }
     };
     // Block ids are u32, and the pool's bytes must be addressable.
@@ -98,6 +117,8 @@ pub fn resolve_pool(
         block_size,
         num_blocks,
         bytes_per_block,
+        state_slots: 0,
+        bytes_per_state_slot: 0,
     })
 }
 
@@ -110,12 +131,19 @@ pub struct BlockAllocator {
     /// every release: with the pool matched to vLLM's, 2.7M blocks for tiny-trained, batch 8
     /// ran at 735 tok/s instead of 45,751 on the H200, `engine bench --num-blocks 2724250`.)
     free: BinaryHeap<Reverse<u32>>,
+    /// Free recurrent-state slots, lowest first; empty when the pool has none.
+    free_slots: BinaryHeap<Reverse<u32>>,
 }
 
 impl BlockAllocator {
     pub fn new(shape: PoolShape) -> Self {
         let free = (0..shape.num_blocks as u32).map(Reverse).collect();
-        Self { shape, free }
+        let free_slots = (0..shape.state_slots as u32).map(Reverse).collect();
+        Self {
+            shape,
+            free,
+            free_slots,
+        }
     }
 
     pub fn shape(&self) -> PoolShape {
@@ -129,11 +157,18 @@ impl BlockAllocator {
     /// A block table for a sequence of up to `tokens` tokens, or `None` if the pool has not
     /// enough free blocks now. Reserving the whole sequence up front means a sequence never
     /// stalls or is preempted halfway.
+    /// With recurrent-state slots, a free slot is reserved too.
     pub fn reserve(&mut self, tokens: usize) -> Option<BlockTable> {
         let n = self.shape.blocks_for(tokens);
-        if n > self.free.len() {
+        let needs_slot = self.shape.state_slots > 0;
+        if n > self.free.len() || (needs_slot && self.free_slots.is_empty()) {
             return None;
         }
+        let state_slot = if needs_slot {
+            self.free_slots.pop().map(|r| r.0)
+        } else {
+            None
+        };
         let blocks = (0..n)
             .filter_map(|_| self.free.pop())
             .map(|r| r.0)
@@ -141,11 +176,13 @@ impl BlockAllocator {
         Some(BlockTable {
             blocks,
             block_size: self.shape.block_size,
+            state_slot,
         })
     }
 
     pub fn release(&mut self, table: BlockTable) {
         self.free.extend(table.blocks.into_iter().map(Reverse));
+        self.free_slots.extend(table.state_slot.map(Reverse));
     }
 }
 
@@ -154,6 +191,8 @@ impl BlockAllocator {
 pub struct BlockTable {
     pub blocks: Vec<u32>,
     pub block_size: usize,
+    /// The sequence's recurrent-state slot, where the pool has them.
+    pub state_slot: Option<u32>,
 }
 
 impl BlockTable {
@@ -209,6 +248,27 @@ mod tests {
         assert_eq!(p.num_blocks, 2 * 7); // ceil(100 / 16) = 7 per sequence
         let e = resolve_pool(&c, 16, PoolSize::Bytes(100), 4).unwrap_err();
         assert!(e.to_string().contains("--kv-cache-memory 8192"), "{e}");
+    }
+
+    #[test]
+    fn state_slots_are_reserved_with_the_blocks_and_come_back_on_release() {
+        let c = cfg();
+        let shape = resolve_pool(&c, 4, PoolSize::Blocks(10), 4)
+            .unwrap()
+            .with_state_slots(2, 1000);
+        assert_eq!(shape.state_bytes(), 2000);
+        let mut a = BlockAllocator::new(shape);
+        let t1 = a.reserve(4).unwrap();
+        let t2 = a.reserve(4).unwrap();
+        assert_eq!((t1.state_slot, t2.state_slot), (Some(0), Some(1)));
+        // Blocks remain, but no slot: a third sequence waits.
+        assert!(a.reserve(4).is_none());
+        assert_eq!(a.free_blocks(), 8);
+        a.release(t1);
+        assert_eq!(a.reserve(4).unwrap().state_slot, Some(0));
+        // Without slots (the Llama family), tables carry none.
+        let mut plain = BlockAllocator::new(resolve_pool(&c, 4, PoolSize::Blocks(2), 4).unwrap());
+        assert_eq!(plain.reserve(4).unwrap().state_slot, None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod error;
 pub mod fault;
 pub mod generate;
+pub mod hybrid;
 pub mod kv;
 pub mod load;
 pub mod protocol;

@@ -10,6 +10,7 @@ use crate::cuda::CudaBackend;
 use crate::error::{Error, Result};
 use crate::fault::{self, Faults};
 use crate::generate::Engine;
+use crate::hybrid::cpu::{state_slot_bytes, HybridCpuBackend};
 use crate::kv::{self, PoolSize};
 use crate::weights::Checkpoint;
 
@@ -85,7 +86,25 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         (None, Some(b)) => Some(PoolSize::Bytes(b)),
         (None, None) => None,
     };
-    let backend: Box<dyn Backend> = if let Device::Cuda(ordinal) = device {
+    let backend: Box<dyn Backend> = if cfg.hybrid.is_some() {
+        if let Device::Cuda(_) = device {
+            return Err(Error::Config {
+                message: format!(
+                    "{} runs on the CPU backend only so far (--device cpu); its CUDA kernels \
+                     are not written yet",
+                    cfg.architecture.hf_name()
+                ),
+            });
+        }
+        let size = size.unwrap_or(PoolSize::Default {
+            max_batch: opts.max_batch,
+            cap_bytes: CPU_DEFAULT_POOL_CAP,
+        });
+        // One recurrent-state slot per sequence the engine admits at once.
+        let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?
+            .with_state_slots(opts.max_batch, state_slot_bytes(&cfg));
+        Box::new(HybridCpuBackend::load(&cfg, &ckpt, pool, &faults)?)
+    } else if let Device::Cuda(ordinal) = device {
         Box::new(CudaBackend::load(
             &cfg,
             &ckpt,
@@ -118,6 +137,7 @@ pub fn resolved(opts: &LoadOptions, engine: &Engine) -> serde_json::Value {
         "weights_dtype": cfg.dtype,
         "block_size": pool.block_size,
         "num_blocks": pool.num_blocks,
+        "state_slots": pool.state_slots,
         "max_batch": engine.max_batch(),
         "max_model_len": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,

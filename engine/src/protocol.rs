@@ -93,6 +93,12 @@ pub struct Kv {
     pub num_blocks: usize,
     pub capacity_tokens: usize,
     pub bytes: usize,
+    /// A hybrid's per-sequence recurrent states beside the blocks (its Mamba layers): how many
+    /// sequences' states the pool holds, and their bytes. Absent for the Llama family.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_slots: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_bytes: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]

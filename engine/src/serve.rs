@@ -31,6 +31,8 @@ pub fn serve(
             num_blocks: pool.num_blocks,
             capacity_tokens: pool.capacity_tokens(),
             bytes: pool.bytes(),
+            state_slots: (pool.state_slots > 0).then_some(pool.state_slots),
+            state_bytes: (pool.state_slots > 0).then_some(pool.state_bytes()),
         }),
         features: engine.features(),
         versions: serde_json::json!({ "engine": env!("CARGO_PKG_VERSION") }),

@@ -173,7 +173,26 @@ impl Checkpoint {
                 model_dir.display()
             )));
         }
-        Ok(Self { shards, entries })
+        // The original Nemotron-H checkpoints name their tensors `backbone.*`; transformers
+        // renames them to `model.*` as it loads (its conversion mapping), and so does the engine.
+        let mut renamed = HashMap::with_capacity(entries.len());
+        for (name, e) in entries {
+            let name = match name.strip_prefix("backbone.") {
+                Some(rest) => format!("model.{rest}"),
+                None => name,
+            };
+            if renamed.contains_key(&name) {
+                return Err(load_err(format!(
+                    "tensor {name} appears both as backbone.* and as model.*; the checkpoint \
+                     holds two copies of one weight"
+                )));
+            }
+            renamed.insert(name, e);
+        }
+        Ok(Self {
+            shards,
+            entries: renamed,
+        })
     }
 
     fn map_shard(path: &Path, shard: usize, entries: &mut HashMap<String, Entry>) -> Result<Shard> {
@@ -350,6 +369,9 @@ pub fn bounded_list<S: AsRef<str>>(items: &[S], sep: &str) -> String {
 /// Every tensor the config implies, by Hugging Face name, with its shape ([out, in] for
 /// linear layers, as torch stores them).
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    if let Some(h) = &cfg.hybrid {
+        return crate::hybrid::expected_tensors(cfg, h);
+    }
     let (h, q, kv, i) = (
         cfg.hidden_size,
         cfg.q_dim(),

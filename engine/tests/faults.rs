@@ -43,7 +43,10 @@ fn the_clean_leg_reports_no_fault() {
 
 #[test]
 fn each_fault_changes_the_logits_against_the_clean_run() {
-    for &(fault, unit) in common::LOGIT_FAULTS {
+    for &(fault, unit) in common::LOGIT_FAULTS
+        .iter()
+        .chain(common::HYBRID_LOGIT_FAULTS)
+    {
         let (_, clean) = verify_golden(unit, "");
         let (features, planted) = verify_golden(unit, fault);
         assert_eq!(features["fault"], json!([fault]), "{features}");
@@ -178,6 +181,14 @@ fn unknown_or_inapplicable_faults_are_load_errors() {
         m.contains("ENGINE_FAULT=drop_bias does not apply to this model"),
         "{m}"
     );
+    assert!(m.contains("no q/k/v biases"), "{m}");
+    // The hybrid has no RoPE to shift and no biases to drop.
+    let m = serve_load_error("tiny-nemotron-h", "rope_shift");
+    assert!(
+        m.contains("rope_shift does not apply") && m.contains("has no RoPE"),
+        "{m}"
+    );
+    let m = serve_load_error("tiny-nemotron-h", "drop_bias");
     assert!(m.contains("no q/k/v biases"), "{m}");
     // `engine generate` and `engine bench` read it too.
     for args in [

@@ -233,3 +233,56 @@ fn a_negative_epsilon_and_max_batch_zero_are_refused() {
     );
     assert_eq!(leg.wait().code(), Some(1));
 }
+
+#[test]
+fn a_hybrid_missing_a_mamba_tensor_or_asked_for_cuda_is_named() {
+    let tmp = copy_model("tiny-nemotron-h");
+    let file = tmp.path().join("model.safetensors");
+    let (mut header, data) = split(&file);
+    let t = header
+        .as_object_mut()
+        .unwrap()
+        .remove("backbone.layers.0.mixer.A_log")
+        .unwrap();
+    header["unused.A_log"] = t;
+    std::fs::write(&file, join(&header, &data)).unwrap();
+    let m = load_error(tmp.path());
+    // Named as the engine reads it (backbone.* is read as model.*).
+    assert!(m.contains("model.layers.0.mixer.A_log: missing"), "{m}");
+
+    let mut leg = Leg::start(&model_dir("tiny-nemotron-h"), &["--device", "cuda:0"]);
+    let ev = leg.recv();
+    assert_eq!(ev["type"], "error", "{ev}");
+    let m = ev["message"].as_str().unwrap();
+    assert!(
+        m.contains("NemotronHForCausalLM runs on the CPU backend only so far"),
+        "{m}"
+    );
+    assert_eq!(leg.wait().code(), Some(1));
+}
+
+#[test]
+fn a_hybrid_ready_event_reports_its_state_slots() {
+    let mut leg = Leg::start(&model_dir("tiny-nemotron-h"), &["--max-batch", "3"]);
+    let ready = leg.recv();
+    assert_eq!(ready["type"], "ready", "{ready}");
+    let kv = &ready["kv"];
+    assert_eq!(kv["state_slots"], 3, "{kv}");
+    // 3 Mamba layers x (conv window: conv_dim x (kernel 4 - 1), SSM: inner x d_state) in f32.
+    let cfg = common::read_json(&model_dir("tiny-nemotron-h").join("config.json"));
+    let (heads, hd, n, g) = (
+        cfg["mamba_num_heads"].as_u64().unwrap(),
+        cfg["mamba_head_dim"].as_u64().unwrap(),
+        cfg["ssm_state_size"].as_u64().unwrap(),
+        cfg["n_groups"].as_u64().unwrap(),
+    );
+    let conv_dim = heads * hd + 2 * g * n;
+    let per_layer = conv_dim * 3 + heads * hd * n;
+    assert_eq!(kv["state_bytes"], 3 * 3 * per_layer * 4, "{kv}");
+    // The pool's blocks hold the 2 attention layers only: K and V, 2 KV heads x 16, f32.
+    assert_eq!(
+        kv["bytes"],
+        kv["num_blocks"].as_u64().unwrap() * 16 * 2 * 2 * 2 * 16 * 4
+    );
+    assert!(leg.shutdown().success());
+}

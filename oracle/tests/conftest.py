@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-UNITS = ["tiny-llama", "tiny-qwen", "tiny-qwen3"]
+# tiny-nemotron-h: the Nemotron-H hybrid (Mamba-2 mixers, attention and MLP blocks), whose
+# transformers cache carries conv and SSM states beside the attention K/V.
+UNITS = ["tiny-llama", "tiny-qwen", "tiny-qwen3", "tiny-nemotron-h"]
 GOLDENS = ROOT / "goldens"
 
 

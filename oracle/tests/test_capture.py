@@ -65,6 +65,30 @@ def test_golden_equals_transformers_generate(unit):
             assert out[0, len(p["tokens"]):].tolist() == golden[p["id"]], p["id"]
 
 
+@pytest.mark.parametrize("unit", UNITS)
+def test_golden_equals_full_recompute(unit):
+    """The golden (prefill, then one token per pass over the cache) equals greedy decoding by a
+    full forward pass over prompt + tokens so far at every step, with no cache at all: for the
+    hybrid this pins the Mamba conv/SSM state carried from the chunked prefill scan into the
+    one-token recurrent step (two code paths in transformers) to the one-pass result."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(GOLDENS / unit / "model"), dtype=torch.float32).eval()
+    golden = {o["id"]: o for o in unit_golden(unit)["outputs"]}
+    with torch.inference_mode():
+        for p in unit_prompts(unit):
+            ids, margins = list(p["tokens"]), []
+            for _ in range(len(golden[p["id"]]["tokens"])):
+                logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+                top = torch.topk(logits, 2).values
+                margins.append(float(top[0] - top[1]))
+                ids.append(int(torch.argmax(logits)))
+            assert ids[len(p["tokens"]):] == golden[p["id"]]["tokens"], p["id"]
+            # The same logits up to f32 rounding (one long pass vs single-token steps).
+            assert margins == pytest.approx(golden[p["id"]]["margins"], abs=1e-4), p["id"]
+
+
 def test_vllm_top2_gap_names_the_runner_up_not_the_token_taken():
     from oracle.backends.vllm_backend import top2_gap
 

@@ -42,7 +42,7 @@ def check_shape(results, done, forced):
             assert (g == 0) == (a == t), (a, g, t)  # no exact ties in these random-weight models
 
 
-@pytest.mark.parametrize("unit", ["tiny-llama", "tiny-qwen"])
+@pytest.mark.parametrize("unit", ["tiny-llama", "tiny-qwen", "tiny-nemotron-h"])
 def test_forcing_the_legs_own_tokens_gives_its_argmax_and_zero_gap(leg_factory, unit):
     leg, _ = start(leg_factory, unit)
     toks = [p["tokens"] for p in unit_prompts(unit)]
@@ -74,8 +74,10 @@ def independent_logits(unit, prompt, forced):
     return out.logits[0, len(prompt) - 1: len(prompt) - 1 + len(forced)].float()
 
 
-def test_forcing_other_tokens_gives_the_models_logit_difference(leg_factory):
-    unit = "tiny-llama"
+# tiny-nemotron-h: the forced tokens must move the Mamba conv and SSM states of each row's own
+# cache exactly as the one pass over prompt + forced does (two rows interleaved at batch 2).
+@pytest.mark.parametrize("unit", ["tiny-llama", "tiny-nemotron-h"])
+def test_forcing_other_tokens_gives_the_models_logit_difference(leg_factory, unit):
     leg, ready = start(leg_factory, unit)
     vocab = ready["resolved"]["vocab_size"]
     rng = random.Random(17)

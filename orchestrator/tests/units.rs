@@ -78,20 +78,34 @@ fn every_unit_parses_and_its_prompts_fit_the_model() {
         let prompts = load_prompts(&unit.prompts_path()).unwrap_or_else(|e| panic!("{e}"));
         let (cfg, committed) = config(&unit);
         let vocab = cfg["vocab_size"].as_u64().expect("vocab_size");
-        let mut limit = vocab;
+        let (mut lo, mut hi) = (0, vocab);
         if !committed {
-            // Random ordinary ids: below every special (bos, eos) id.
-            for id in ids(&cfg["bos_token_id"])
-                .into_iter()
-                .chain(ids(&cfg["eos_token_id"]))
-            {
-                limit = limit.min(id);
+            // Random ordinary ids, clear of every special (bos, eos, pad) id: below them where
+            // they sit at the top of the vocabulary, above them where they sit at the bottom
+            // (Nemotron-H: pad 0, bos 1, eos 2), as scripts/make-prompts.py draws them.
+            let specials: Vec<u64> = ["bos_token_id", "eos_token_id", "pad_token_id"]
+                .iter()
+                .flat_map(|k| ids(&cfg[*k]))
+                .collect();
+            match specials.iter().max() {
+                Some(&top) if top < vocab / 2 => lo = top + 1,
+                _ => {
+                    hi = specials
+                        .iter()
+                        .copied()
+                        .filter(|&i| i > 0)
+                        .fold(vocab, u64::min)
+                }
             }
         }
         for p in &prompts {
-            if let Some(t) = p.tokens.iter().find(|&&t| u64::from(t) >= limit) {
+            if let Some(t) = p
+                .tokens
+                .iter()
+                .find(|&&t| u64::from(t) < lo || u64::from(t) >= hi)
+            {
                 panic!(
-                    "{}: prompt {} holds id {t}, outside 0..{limit} (vocab_size {vocab})",
+                    "{}: prompt {} holds id {t}, outside {lo}..{hi} (vocab_size {vocab})",
                     path.display(),
                     p.id
                 );

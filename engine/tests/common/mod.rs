@@ -8,7 +8,13 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
 use serde_json::{json, Value};
 
-pub const UNITS: &[&str] = &["tiny-llama", "tiny-qwen", "tiny-qwen3", "tiny-trained"];
+pub const UNITS: &[&str] = &[
+    "tiny-llama",
+    "tiny-qwen",
+    "tiny-qwen3",
+    "tiny-trained",
+    "tiny-nemotron-h",
+];
 
 /// The faults that change the logits (fault.rs), each with the tiny unit it is planted in;
 /// `nan_past_512` needs a longer context and `slow_step` changes only the timing.
@@ -18,6 +24,14 @@ pub const LOGIT_FAULTS: &[(&str, &str)] = &[
     ("attn_scale_d", "tiny-llama"),
     ("kv_group", "tiny-llama"),
     ("drop_bias", "tiny-qwen"),
+];
+
+/// The faults planted in the hybrid's blocks (its attention layers and a block norm), on the
+/// CPU only until its CUDA backend exists.
+pub const HYBRID_LOGIT_FAULTS: &[(&str, &str)] = &[
+    ("norm_skip", "tiny-nemotron-h"),
+    ("attn_scale_d", "tiny-nemotron-h"),
+    ("kv_group", "tiny-nemotron-h"),
 ];
 
 /// The repository root: `ENGINE_REPO_ROOT` when a test binary runs away from where it was built

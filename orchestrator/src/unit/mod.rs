@@ -74,12 +74,11 @@ pub struct Unit {
 }
 
 impl Unit {
-    /// The model's `num_hidden_layers` from its config.json, where it can be read.
+    /// The model's layer count from its config.json, where it can be read ([`config_layers`]).
     pub fn model_layers(&self) -> Option<u32> {
         let text = std::fs::read_to_string(self.model_dir().join("config.json")).ok()?;
         let cfg: serde_json::Value = serde_json::from_str(&text).ok()?;
-        let layers = cfg.get("num_hidden_layers")?.as_u64()?;
-        u32::try_from(layers).ok()
+        u32::try_from(config_layers(&cfg)?).ok()
     }
 
     pub fn load(path: &Path) -> Result<Unit, UnitError> {
@@ -335,9 +334,39 @@ pub fn device_kind(device: &str) -> &str {
     device.split(':').next().unwrap_or(device)
 }
 
+/// A config.json's layer count: `num_hidden_layers`, or for a hybrid (Nemotron-H) the length of
+/// its layer pattern, in either spelling (`layers_block_type`, `hybrid_override_pattern`), which
+/// transformers 5 takes over `num_hidden_layers`.
+pub fn config_layers(cfg: &serde_json::Value) -> Option<u64> {
+    if let Some(list) = cfg.get("layers_block_type").and_then(|v| v.as_array()) {
+        return Some(list.len() as u64);
+    }
+    if let Some(p) = cfg.get("hybrid_override_pattern").and_then(|v| v.as_str()) {
+        return Some(p.chars().count() as u64);
+    }
+    cfg.get("num_hidden_layers")?.as_u64()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_hybrids_layer_count_is_its_patterns_length_in_either_spelling() {
+        use serde_json::json;
+        let list = json!({"layers_block_type": ["linear_attention", "mlp", "full_attention"],
+            "num_hidden_layers": 52});
+        assert_eq!(super::config_layers(&list), Some(3));
+        assert_eq!(
+            super::config_layers(&json!({"hybrid_override_pattern": "M-M*-"})),
+            Some(5)
+        );
+        assert_eq!(
+            super::config_layers(&json!({"num_hidden_layers": 16})),
+            Some(16)
+        );
+        assert_eq!(super::config_layers(&json!({})), None);
+    }
 
     /// The smallest unit that parses: every other key takes its default.
     pub const MINIMAL: &str = r#"

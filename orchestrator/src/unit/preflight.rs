@@ -18,6 +18,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "NemotronHForCausalLM",
 ];
 
 /// One failed check: which, and the whole explanation.
@@ -380,11 +381,11 @@ pub fn check_model(dir: &Path) -> Result<String, String> {
         })
         .max()
         .map(|m| m + 1);
-    let want = cfg.get("num_hidden_layers").and_then(Value::as_u64);
+    let want = unit::config_layers(&cfg);
     if let (Some(have), Some(want)) = (layers, want) {
         if have != want {
             return Err(format!(
-                "config.json says num_hidden_layers = {want} but the safetensors files hold layers 0..{have}: the weights are not this config's"
+                "config.json says the model has {want} layers but the safetensors files hold layers 0..{have}: the weights are not this config's"
             ));
         }
     }
@@ -562,7 +563,7 @@ mod tests {
         cfg("LlamaForCausalLM", 3);
         assert!(check_model(d.path())
             .unwrap_err()
-            .contains("num_hidden_layers = 3"));
+            .contains("the model has 3 layers"));
         cfg("GPT2LMHeadModel", 2);
         assert!(check_model(d.path())
             .unwrap_err()
