@@ -3,7 +3,7 @@
 # binaries, run every GPU unit against vLLM and regenerate reports/BENCHMARKS.md.
 #
 #   scripts/gpu-run.sh [--units a,b,...] [--steps checkpoint,golden,run,report] [--out DIR]
-#                      [--bin DIR] [--python PY] [--site DIR]
+#                      [--bin DIR] [--python PY] [--site DIR] [--legs both|engine|oracle]
 #
 # Per unit, in order, each step idempotent and skipped when its output exists:
 #   checkpoint  goldens/<u>/model/ for a unit named after a scripts/make-checkpoint.py model
@@ -25,6 +25,8 @@
 #             name it. Default: target/release/ as cargo built it.
 # --python    the interpreter with torch, transformers and (on PYTHONPATH) vLLM (default python3).
 # --site      vLLM's unpacked pack, put first on PYTHONPATH (default /tmp/site; "" for none).
+# --legs      the run step's legs (orchestrator run --legs; default both): `oracle` for a unit
+#             whose model the engine cannot run on the GPU yet (nemotron-h-8b).
 #
 # The orchestrator records the tree of the files it ran (tracked, and untracked ones git does not
 # ignore, less reports/), whatever HEAD names; the log says when the two differ. A plain copy of
@@ -43,7 +45,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-units_arg="" steps_arg="checkpoint,golden,run,report" out="" bin="" py=python3 site=/tmp/site
+units_arg="" steps_arg="checkpoint,golden,run,report" out="" bin="" py=python3 site=/tmp/site legs=both
 while [ $# -gt 0 ]; do
     case $1 in
         --units) units_arg=${2:?--units needs a value}; shift 2 ;;
@@ -52,6 +54,7 @@ while [ $# -gt 0 ]; do
         --bin) bin=${2:?--bin needs a value}; shift 2 ;;
         --python) py=${2:?--python needs a value}; shift 2 ;;
         --site) site=${2?--site needs a value}; shift 2 ;;
+        --legs) legs=${2:?--legs needs a value}; shift 2 ;;
         -h | --help) sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-run.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
     esac
@@ -217,7 +220,7 @@ step_golden() {
 step_run() {
     local u=$1 lg=$out/$1.run.log rc
     log "$u run: orchestrator run goldens/$u/unit.toml (log $lg)"
-    "$orch" run "goldens/$u/unit.toml" --python "$py" >"$lg" 2>&1
+    "$orch" run "goldens/$u/unit.toml" --python "$py" --legs "$legs" >"$lg" 2>&1
     rc=$?
     mdfile[$u]=$(sed -n 's/^table:  //p' "$lg" | tail -n 1)
     [ -n "${mdfile[$u]}" ] && collect "${mdfile[$u]%.md}".*
