@@ -536,7 +536,7 @@ fn kv_pools_that_cannot_be_matched_are_refused_with_figures() {
         .to_string();
     assert!(
         s.contains(
-            "engine 1024 tokens (64 blocks of 16), oracle 512 tokens (32 blocks of 16), 512 apart"
+            "engine 1024 tokens (64 blocks of 16), oracle 512 tokens (32 blocks of 16), 512 tokens apart"
         ),
         "{s}"
     );

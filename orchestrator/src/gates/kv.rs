@@ -32,14 +32,10 @@ impl fmt::Display for KvReason {
         } = self;
         write!(
             f,
-            "The KV pools could not be matched: engine {} tokens ({} blocks of {}), oracle {} tokens ({} blocks of {}), {} apart against a tolerance of {} block(s)",
-            engine.capacity_tokens,
-            engine.num_blocks,
-            engine.block_size,
-            oracle.capacity_tokens,
-            oracle.num_blocks,
-            oracle.block_size,
-            engine.capacity_tokens.abs_diff(oracle.capacity_tokens),
+            "The KV pools could not be matched: engine {}, oracle {}, {} tokens apart against a tolerance of {} block(s)",
+            engine.describe(),
+            oracle.describe(),
+            engine.tokens().abs_diff(oracle.tokens()),
             tolerance_blocks
         )?;
         match resized {
@@ -105,8 +101,9 @@ impl Gate for KvGate {
                 self,
                 None,
                 format!(
-                    "both pools hold the same tokens within {tol} block(s): engine {} ({} x {}), oracle {} ({} x {}){how}",
-                    e.capacity_tokens, e.num_blocks, e.block_size, o.capacity_tokens, o.num_blocks, o.block_size
+                    "both pools hold the same tokens within {tol} block(s): engine {}, oracle {}{how}",
+                    e.describe(),
+                    o.describe()
                 ),
             )];
         }

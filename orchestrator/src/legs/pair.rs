@@ -259,7 +259,7 @@ impl Ctx<'_> {
             if let (Some(t), Some(m)) = (target, mine) {
                 if !m.within(t, unit.gates.kv_tolerance_blocks) && interrupt::pending().is_none() {
                     let resize = Resize {
-                        blocks: blocks_for(t.capacity_tokens, m.block_size),
+                        blocks: blocks_for(t.tokens(), m.tokens_per_block()),
                         option: m.resize_option().map(str::to_string),
                     };
                     let note = resize_note_for(leg, &resize, &m, t);
@@ -347,7 +347,8 @@ fn resize_note_for(leg: LegName, resize: &Resize, mine: &Kv, target: &Kv) -> Str
         },
     };
     format!(
-        "{first} (it first held {} tokens in {} blocks of {}; the {other} holds {} tokens)",
-        mine.capacity_tokens, mine.num_blocks, mine.block_size, target.capacity_tokens
+        "{first} (it first held {}; the {other} holds {} tokens)",
+        mine.describe(),
+        target.tokens()
     )
 }

@@ -23,16 +23,57 @@ impl Kv {
         self.extra.get("resize_option").and_then(Value::as_str)
     }
 
-    /// Pools within `tolerance_blocks` of the larger block size count as the same.
+    /// The tokens the pool holds: the leg's own count where it gives one that differs from
+    /// blocks x block size (`vllm_reported_tokens`: for a hybrid, vLLM's blocks of 1,040 serve
+    /// its attention and Mamba layer groups alike, and it counts 846,080 attention tokens in
+    /// 3,305 of them, not 3,437,200), else `capacity_tokens`.
+    pub fn tokens(&self) -> u64 {
+        self.extra
+            .get("vllm_reported_tokens")
+            .and_then(Value::as_u64)
+            .filter(|&t| t > 0)
+            .unwrap_or(self.capacity_tokens)
+    }
+
+    /// Tokens per block as [`Kv::tokens`] counts them (the block size, for a plain pool).
+    pub fn tokens_per_block(&self) -> u64 {
+        (self.tokens() / self.num_blocks.max(1)).max(1)
+    }
+
+    /// The recurrent-state slots a hybrid's engine keeps beside its blocks, where it says.
+    pub fn state_slots(&self) -> Option<u64> {
+        self.extra.get("state_slots").and_then(Value::as_u64)
+    }
+
+    /// Pools within `tolerance_blocks` of the larger block (in tokens) count as the same.
     pub fn within(&self, other: &Kv, tolerance_blocks: u64) -> bool {
-        let slack = tolerance_blocks * self.block_size.max(other.block_size);
-        self.capacity_tokens.abs_diff(other.capacity_tokens) <= slack
+        let slack = tolerance_blocks * self.tokens_per_block().max(other.tokens_per_block());
+        self.tokens().abs_diff(other.tokens()) <= slack
+    }
+
+    /// "846080 tokens (3305 blocks of 1040, by the leg's own count)" or "1152 tokens (72 blocks of 16)".
+    pub fn describe(&self) -> String {
+        let own = if self.tokens() != self.capacity_tokens {
+            ", by the leg's own count"
+        } else {
+            ""
+        };
+        let slots = self
+            .state_slots()
+            .map(|s| format!(", and {s} recurrent-state slots"))
+            .unwrap_or_default();
+        format!(
+            "{} tokens ({} blocks of {}{own}){slots}",
+            self.tokens(),
+            self.num_blocks,
+            self.block_size
+        )
     }
 }
 
-/// Blocks of `block_size` needed to hold at least `capacity_tokens`.
-pub fn blocks_for(capacity_tokens: u64, block_size: u64) -> u64 {
-    capacity_tokens.div_ceil(block_size.max(1))
+/// Blocks of `tokens_per_block` needed to hold at least `tokens`.
+pub fn blocks_for(tokens: u64, tokens_per_block: u64) -> u64 {
+    tokens.div_ceil(tokens_per_block.max(1))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -284,6 +325,37 @@ mod tests {
             bytes: None,
             extra: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_hybrid_pool_is_counted_in_the_legs_own_tokens() {
+        // vLLM 0.26.0 on nemotron-h-8b (H200, 2026-12-01): 3,305 blocks of 1,040, 846,080 tokens.
+        let mut vllm = kv(1040, 3305);
+        vllm.extra
+            .insert("vllm_reported_tokens".into(), serde_json::json!(846_080));
+        assert_eq!((vllm.tokens(), vllm.tokens_per_block()), (846_080, 256));
+        let mut engine = kv(16, 52_880);
+        engine
+            .extra
+            .insert("state_slots".into(), serde_json::json!(8));
+        assert!(engine.within(&vllm, 1) && vllm.within(&engine, 1));
+        // One of vLLM's blocks (256 tokens) apart still matches; two do not.
+        assert!(kv(16, 52_880 + 16).within(&vllm, 1));
+        assert!(!kv(16, 52_880 + 33).within(&vllm, 1));
+        // The engine's resize to it, and vLLM's to the engine, in their own blocks.
+        assert_eq!(blocks_for(vllm.tokens(), engine.tokens_per_block()), 52_880);
+        assert_eq!(
+            blocks_for(kv(16, 1000).tokens(), vllm.tokens_per_block()),
+            63
+        );
+        assert_eq!(
+            vllm.describe(),
+            "846080 tokens (3305 blocks of 1040, by the leg's own count)"
+        );
+        assert_eq!(
+            engine.describe(),
+            "846080 tokens (52880 blocks of 16), and 8 recurrent-state slots"
+        );
     }
 
     #[test]

@@ -227,7 +227,7 @@ fn resource_axes(engine: &LegRecord, oracle: &LegRecord) -> Vec<Axis> {
     let host = axis(PEAK_HOST_MEMORY.into(), "MB", Better::LessMemory, e, o);
     let (e, o) = both(&|l| {
         let kv = l.ready.as_ref().and_then(|r| r.kv.as_ref());
-        kv.map(|k| k.capacity_tokens as f64)
+        kv.map(|k| k.tokens() as f64)
     });
     let pool = axis(KV_POOL.into(), "tokens", Better::Neither, e, o);
     let summary = |l: &LegRecord| l.sampler.summary.clone();
