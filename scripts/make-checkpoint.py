@@ -214,12 +214,105 @@ NEMOTRON_H_8B = {
     "vocab_size": 131072,
 }
 
+# Issue 19's shapes nobody tuned for: config.json of meta-llama/Llama-3.2-3B, Qwen/Qwen3-4B and
+# mistralai/Mistral-7B-v0.3, field for field as their repositories hold them (the compute
+# fields; torch_dtype bf16).
+LLAMA_3_2_3B = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 24,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+QWEN3_4B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+MISTRAL_7B_V0_3 = {
+    "architectures": ["MistralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32768,
+}
+
 # name -> (config, shard size in bytes or None for one file)
 MODELS = {
     "llama-3.2-1b": (LLAMA_3_2_1B, None),
     "llama-3.1-8b": (LLAMA_3_1_8B, 5_000_000_000),
     "qwen2.5-0.5b": (QWEN2_5_0_5B, None),
     "nemotron-h-8b": (NEMOTRON_H_8B, 5_000_000_000),
+    "llama-3.2-3b": (LLAMA_3_2_3B, 5_000_000_000),
+    "qwen3-4b": (QWEN3_4B, 5_000_000_000),
+    "mistral-7b-v0.3": (MISTRAL_7B_V0_3, 5_000_000_000),
 }
 
 
@@ -305,6 +398,7 @@ def tensors(cfg):
     heads, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
     bias = cfg["architectures"][0] == "Qwen2ForCausalLM"
+    qk_norm = cfg["architectures"][0] == "Qwen3ForCausalLM"
     out = [("model.embed_tokens.weight", (cfg["vocab_size"], h), "w")]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}"
@@ -319,6 +413,11 @@ def tensors(cfg):
             (f"{p}.self_attn.q_proj.weight", (heads * d, h), "w"),
             (f"{p}.self_attn.v_proj.weight", (kvh * d, h), "w"),
         ]
+        if qk_norm:
+            out += [
+                (f"{p}.self_attn.k_norm.weight", (d,), "norm"),
+                (f"{p}.self_attn.q_norm.weight", (d,), "norm"),
+            ]
         if bias:
             out += [
                 (f"{p}.self_attn.q_proj.bias", (heads * d,), "bias"),

@@ -93,3 +93,21 @@ def test_shrunk_nemotron_h_loads_with_every_tensor_and_sane_mamba_parameters(sma
             cached.append(t)
             out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
     assert cached == full
+
+
+@pytest.mark.parametrize("model,params", [("llama-3.2-3b", "3.213B"), ("qwen3-4b", "4.022B"),
+                                          ("mistral-7b-v0.3", "7.248B")])
+def test_issue_19_shapes_load_into_transformers_with_every_tensor(model, params, tmp_path):
+    """The three shapes issue 19 adds: the real parameter count, and a --shrink'd build that
+    transformers loads with no key missing, unexpected or misshapen (Qwen3's q/k norms too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert f"{model}: " in run("--list").stdout and f"{params} parameters" in run("--list").stdout
+    out = tmp_path / "ckpt"
+    run("--model", model, "--shrink", "32", "--out", str(out), "--device", "cpu")
+    m, info = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    with torch.inference_mode():
+        logits = m(torch.tensor([[5, 6, 7]])).logits
+    assert torch.isfinite(logits).all()
