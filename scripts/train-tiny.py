@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Trains goldens/tiny-trained: a small byte-level Llama with sharp logits.
+"""Trains goldens/tiny-trained (a small byte-level Llama with sharp logits), or with
+--arch nemotron-h goldens/tiny-trained-h (the same for the Nemotron-H hybrid).
 
 Random-weight models have nearly flat logits, so a bf16 engine and a bf16 oracle diverge at
 near-ties that say nothing about either. A model trained even briefly on real text has large
 top-2 gaps, so its greedy tokens must agree exactly across correct implementations.
 
     python3 scripts/train-tiny.py --out goldens/tiny-trained [--minutes 8] [--seed 0]
+    python3 scripts/train-tiny.py --arch nemotron-h --out goldens/tiny-trained-h --minutes 2
 
 Corpus: the Python standard library's own .py sources (whatever interpreter runs this script;
 the corpus is named in the model's TRAINING.md), as bytes; the vocabulary is the 256 byte values,
@@ -35,6 +37,38 @@ def corpus(seed):
     return root, train, held_out, data
 
 
+def nemotron_h_config():
+    """A byte-level Nemotron-H with every block kind: M-M*-M-M*- (Mamba-2 mixers of 8 heads x 32,
+    2 groups, state 32, conv 4; attention 4/2 x 32 without RoPE; relu2 MLPs of 384)."""
+    from transformers import NemotronHConfig
+
+    pattern = "M-M*-M-M*-"
+    kinds = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    return NemotronHConfig(
+        vocab_size=256,
+        hidden_size=128,
+        layers_block_type=[kinds[c] for c in pattern],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        mlp_hidden_act="relu2",
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        n_groups=2,
+        ssm_state_size=32,
+        conv_kernel=4,
+        chunk_size=64,
+        max_position_embeddings=1024,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=0,  # NUL never occurs in the corpus, so generation never stops early
+        pad_token_id=None,
+        num_logits_to_keep=1,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -42,6 +76,7 @@ def main():
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--arch", choices=["llama", "nemotron-h"], default="llama")
     a = ap.parse_args()
 
     import torch
@@ -51,7 +86,7 @@ def main():
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     root, train, held_out, data = corpus(a.seed)
     print(f"corpus: {len(train)} files, {len(data) / 1e6:.1f} MB from {root}", file=sys.stderr)
-    cfg = LlamaConfig(
+    cfg = nemotron_h_config() if a.arch == "nemotron-h" else LlamaConfig(
         vocab_size=256,
         hidden_size=128,
         intermediate_size=384,
@@ -67,7 +102,11 @@ def main():
         eos_token_id=0,  # NUL never occurs in the corpus, so generation never stops early
         pad_token_id=None,
     )
-    model = LlamaForCausalLM(cfg).to(device)
+    if a.arch == "nemotron-h":
+        from transformers import NemotronHForCausalLM as Model
+    else:
+        Model = LlamaForCausalLM
+    model = Model(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
     buf = torch.tensor(list(data), dtype=torch.long)
     seq, batch = 256, 32
@@ -106,8 +145,9 @@ def main():
         json.dump({"schema": 1, "prompts": prompts}, f, indent=1)
     with open(os.path.join(a.out, "TRAINING.md"), "w") as f:
         f.write(
-            f"# tiny-trained\n\nA byte-level LlamaForCausalLM ({sum(p.numel() for p in model.parameters())} "
-            f"parameters) trained by `scripts/train-tiny.py --seed {a.seed} --minutes {a.minutes}` on "
+            f"# {os.path.basename(os.path.normpath(a.out))}\n\nA byte-level {cfg.architectures[0] if cfg.architectures else type(model).__name__} "
+            f"({sum(p.numel() for p in model.parameters())} parameters) trained by "
+            f"`scripts/train-tiny.py --arch {a.arch} --seed {a.seed} --minutes {a.minutes}` on "
             f"{device} for {step} steps of {batch}x{seq} bytes; final loss {loss_ema:.3f} nats/byte.\n\n"
             f"Corpus: {len(train)} .py files of the Python {sys.version.split()[0]} standard library "
             f"({root}); prompts come from {len(held_out)} held-out files.\n"

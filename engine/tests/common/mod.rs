@@ -14,6 +14,7 @@ pub const UNITS: &[&str] = &[
     "tiny-qwen3",
     "tiny-trained",
     "tiny-nemotron-h",
+    "tiny-trained-h",
 ];
 
 /// The faults that change the logits (fault.rs), each with the tiny unit it is planted in;
