@@ -68,6 +68,20 @@ pub trait Backend {
     fn features(&self) -> serde_json::Value;
 }
 
+/// The greedy token of each vocabulary-long row of `logits`.
+pub fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
+    logits.chunks_exact(vocab).map(argmax).collect()
+}
+
+/// Each vocabulary-long row of `logits` scored against its forced token.
+pub fn score_rows(logits: &[f32], vocab: usize, forced: &[u32]) -> Vec<Scored> {
+    logits
+        .chunks_exact(vocab)
+        .zip(forced)
+        .map(|(l, &f)| Scored::of(l, f))
+        .collect()
+}
+
 /// The index of the largest value; the lowest index wins a tie, as `torch.argmax` does.
 pub fn argmax(values: &[f32]) -> u32 {
     let mut best = 0;

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::backend::{argmax, Backend, DecodeItem, Scored};
+use crate::backend::{argmax, argmax_rows, score_rows, Backend, DecodeItem, Scored};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::fault::{Fault, Faults};
@@ -168,17 +168,8 @@ impl CpuBackend {
         faults: &Faults,
     ) -> Result<Self> {
         let t = |name: &str| -> Result<Vec<f32>> { Ok(ckpt.get(name)?.to_f32()) };
-        let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            Ok(Linear {
-                w: t(&format!("{name}.weight"))?,
-                b: if bias {
-                    Some(t(&format!("{name}.bias"))?)
-                } else {
-                    None
-                },
-                out,
-                inp,
-            })
+        let linear = |name: &str, out: usize, inp: usize, bias: bool| {
+            Linear::load(ckpt, name, out, inp, bias)
         };
         let (h, q, kv, i) = (
             cfg.hidden_size,
@@ -319,18 +310,37 @@ impl CpuBackend {
     }
 
     fn decode_logits(&mut self, items: &[DecodeItem<'_>]) -> Vec<f32> {
-        let rows: Vec<Row<'_>> = items
-            .iter()
-            .map(|it| Row {
-                token: it.token,
-                position: it.position,
-                table: it.table,
-            })
-            .collect();
+        let rows = decode_rows(items);
         let all: Vec<usize> = (0..rows.len()).collect();
         let shift = self.faults.decode_rope_shift();
         self.forward(&rows, &all, shift)
     }
+}
+
+/// One row per decode item.
+pub(crate) fn decode_rows<'a>(items: &[DecodeItem<'a>]) -> Vec<Row<'a>> {
+    items
+        .iter()
+        .map(|it| Row {
+            token: it.token,
+            position: it.position,
+            table: it.table,
+        })
+        .collect()
+}
+
+/// The `features` of `ready` for the f32 reference backends (docs/PROTOCOL.md).
+pub(crate) fn reference_features(weights_dtype: &str) -> serde_json::Value {
+    serde_json::json!({
+        "backend": "cpu",
+        "device": "cpu",
+        "dtype": "float32",
+        "weights_dtype": weights_dtype,
+        "cuda_graphs": false,
+        "threads": rayon::current_num_threads(),
+        "kernels": ["rust-f32-reference"],
+        "degraded": [],
+    })
 }
 
 pub(crate) fn prefill_rows<'a>(tokens: &[u32], table: &'a BlockTable) -> Vec<Row<'a>> {
@@ -351,11 +361,7 @@ impl Backend for CpuBackend {
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
-        let logits = self.decode_logits(items);
-        Ok(logits
-            .chunks_exact(self.cfg.vocab_size)
-            .map(argmax)
-            .collect())
+        Ok(argmax_rows(&self.decode_logits(items), self.cfg.vocab_size))
     }
 
     fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
@@ -364,12 +370,7 @@ impl Backend for CpuBackend {
 
     fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>> {
         let logits = self.decode_logits(items);
-        let vocab = self.cfg.vocab_size;
-        Ok(logits
-            .chunks_exact(vocab)
-            .zip(forced)
-            .map(|(l, &f)| Scored::of(l, f))
-            .collect())
+        Ok(score_rows(&logits, self.cfg.vocab_size, forced))
     }
 
     fn pool(&self) -> PoolShape {
@@ -377,20 +378,22 @@ impl Backend for CpuBackend {
     }
 
     fn features(&self) -> serde_json::Value {
-        serde_json::json!({
-            "backend": "cpu",
-            "device": "cpu",
-            "dtype": "float32",
-            "weights_dtype": self.cfg.dtype,
-            "cuda_graphs": false,
-            "threads": rayon::current_num_threads(),
-            "kernels": ["rust-f32-reference"],
-            "degraded": [],
-        })
+        reference_features(&self.cfg.dtype)
     }
 }
 
 impl Linear {
+    /// `{name}.weight` (and `{name}.bias` with `bias`), widened to f32.
+    pub fn load(ckpt: &Checkpoint, name: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let t = |n: String| -> Result<Vec<f32>> { Ok(ckpt.get(&n)?.to_f32()) };
+        Ok(Linear {
+            w: t(format!("{name}.weight"))?,
+            b: bias.then(|| t(format!("{name}.bias"))).transpose()?,
+            out,
+            inp,
+        })
+    }
+
     pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         matmul_t(x, rows, &self.w, self.out, self.inp, self.b.as_deref())
     }

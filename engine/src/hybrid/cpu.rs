@@ -4,14 +4,13 @@
 //! the pool's state slot that its block table names. Batch invariant as cpu.rs is: every row's
 //! numbers are computed the same way whatever else is in the batch.
 
-use rayon::prelude::*;
-
 use super::mamba::{self, Params, State};
 use super::{Block, Hybrid};
-use crate::backend::{argmax, Backend, DecodeItem, Scored};
+use crate::backend::{argmax, argmax_rows, score_rows, Backend, DecodeItem, Scored};
 use crate::config::ModelConfig;
 use crate::cpu::{
-    add_in_place, attend, matmul_t, prefill_rows, rms_norm, store_kv, KvLayer, Linear, Row,
+    add_in_place, attend, decode_rows, matmul_t, prefill_rows, reference_features, rms_norm,
+    store_kv, KvLayer, Linear, Row,
 };
 use crate::error::{Error, Result};
 use crate::fault::Faults;
@@ -89,13 +88,8 @@ impl HybridCpuBackend {
         })?;
         let m = &hybrid.mamba;
         let t = |name: &str| -> Result<Vec<f32>> { Ok(ckpt.get(name)?.to_f32()) };
-        let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            Ok(Linear {
-                w: t(&format!("{name}.weight"))?,
-                b: bias.then(|| t(&format!("{name}.bias"))).transpose()?,
-                out,
-                inp,
-            })
+        let linear = |name: &str, out: usize, inp: usize, bias: bool| {
+            Linear::load(ckpt, name, out, inp, bias)
         };
         let d = cfg.hidden_size;
         let skipped_norm = faults.skipped_norm_layer(cfg);
@@ -277,14 +271,7 @@ impl HybridCpuBackend {
     }
 
     fn decode_logits(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<f32>> {
-        let rows: Vec<Row<'_>> = items
-            .iter()
-            .map(|it| Row {
-                token: it.token,
-                position: it.position,
-                table: it.table,
-            })
-            .collect();
+        let rows = decode_rows(items);
         let all: Vec<usize> = (0..rows.len()).collect();
         self.forward(&rows, &all, false)
     }
@@ -307,11 +294,10 @@ impl Backend for HybridCpuBackend {
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
-        let logits = self.decode_logits(items)?;
-        Ok(logits
-            .par_chunks_exact(self.cfg.vocab_size)
-            .map(argmax)
-            .collect())
+        Ok(argmax_rows(
+            &self.decode_logits(items)?,
+            self.cfg.vocab_size,
+        ))
     }
 
     fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
@@ -320,11 +306,7 @@ impl Backend for HybridCpuBackend {
 
     fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>> {
         let logits = self.decode_logits(items)?;
-        Ok(logits
-            .chunks_exact(self.cfg.vocab_size)
-            .zip(forced)
-            .map(|(l, &f)| Scored::of(l, f))
-            .collect())
+        Ok(score_rows(&logits, self.cfg.vocab_size, forced))
     }
 
     fn pool(&self) -> PoolShape {
@@ -333,24 +315,16 @@ impl Backend for HybridCpuBackend {
 
     fn features(&self) -> serde_json::Value {
         let h = &self.hybrid;
-        serde_json::json!({
-            "backend": "cpu",
-            "device": "cpu",
-            "dtype": "float32",
-            "weights_dtype": self.cfg.dtype,
-            "cuda_graphs": false,
-            "threads": rayon::current_num_threads(),
-            "kernels": ["rust-f32-reference"],
-            "degraded": [],
-            "hybrid": {
-                "pattern": h.pattern(),
-                "mamba_layers": h.count(Block::Mamba),
-                "attention_layers": h.count(Block::Attention),
-                "mlp_layers": h.count(Block::Mlp),
-                "ssm_state_dtype": "float32",
-                "scan": "sequential",
-            },
-        })
+        let mut f = reference_features(&self.cfg.dtype);
+        f["hybrid"] = serde_json::json!({
+            "pattern": h.pattern(),
+            "mamba_layers": h.count(Block::Mamba),
+            "attention_layers": h.count(Block::Attention),
+            "mlp_layers": h.count(Block::Mlp),
+            "ssm_state_dtype": "float32",
+            "scan": "sequential",
+        });
+        f
     }
 }
 

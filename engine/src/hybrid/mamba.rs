@@ -122,9 +122,19 @@ mod tests {
         }
     }
 
+    /// One step on the given conv window and SSM state.
+    fn run(
+        p: &Params<'_>,
+        conv: &mut [f32],
+        ssm: &mut [f32],
+        input: &[f32],
+        dt_min: f32,
+    ) -> Vec<f32> {
+        step(&tiny(), p, &mut State { conv, ssm }, input, dt_min)
+    }
+
     #[test]
     fn one_step_matches_a_hand_computation_and_the_state_carries() {
-        let m = tiny();
         // conv_dim = inner (2) + 2 * 1 * 1 = 4 channels, kernel 2: out = w0 * prev + w1 * now.
         let conv_w = [0.5, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0];
         let p = Params {
@@ -138,16 +148,7 @@ mod tests {
         let (mut conv, mut ssm) = (vec![0.0; 4], vec![0.0; 2]);
         // z = [10, 10] (silu ~ 10), x = [1, 2], B = 1, C = 1, dt_raw = [0, 0] -> dt = ln 2.
         let input = [10.0, 10.0, 1.0, 2.0, 1.0, 1.0, 0.0, 0.0];
-        let y = step(
-            &m,
-            &p,
-            &mut State {
-                conv: &mut conv,
-                ssm: &mut ssm,
-            },
-            &input,
-            0.0,
-        );
+        let y = run(&p, &mut conv, &mut ssm, &input, 0.0);
         let dt = 2f32.ln();
         let (x0, x1, bc) = (silu(1.0), silu(2.0), silu(1.0));
         let s0 = dt * bc * x0;
@@ -167,16 +168,8 @@ mod tests {
         assert!((y[0] - raw[0] * inv).abs() < 1e-5 && (y[1] - raw[1] * inv).abs() < 1e-5);
         // A second step decays the state by exp(dt * A) and sees the previous input in its conv.
         let before = ssm.clone();
-        step(
-            &m,
-            &p,
-            &mut State {
-                conv: &mut conv,
-                ssm: &mut ssm,
-            },
-            &[10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-            0.0,
-        );
+        let zero_x = [10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        run(&p, &mut conv, &mut ssm, &zero_x, 0.0);
         let (x0b, bcb) = (silu(0.5 * 1.0), silu(0.5 * 1.0));
         let want = before[0] * (-dt).exp() + dt * bcb * x0b; // A = -1
         assert!((ssm[0] - want).abs() < 1e-6, "{} vs {want}", ssm[0]);
@@ -184,7 +177,6 @@ mod tests {
 
     #[test]
     fn dt_is_clamped_from_below_only_where_asked() {
-        let m = tiny();
         let conv_w = [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0];
         let p = Params {
             conv_w: &conv_w,
@@ -194,22 +186,19 @@ mod tests {
             d: &[0.0, 0.0],
             norm_w: &[1.0, 1.0],
         };
-        let run = |dt_min: f32| {
+        let state_after = |dt_min: f32| {
             let (mut conv, mut ssm) = (vec![0.0; 4], vec![0.0; 2]);
-            step(
-                &m,
+            run(
                 &p,
-                &mut State {
-                    conv: &mut conv,
-                    ssm: &mut ssm,
-                },
+                &mut conv,
+                &mut ssm,
                 &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
                 dt_min,
             );
             ssm[0]
         };
         // softplus(-30) ~ 9e-14: unclamped the state barely moves; clamped at 0.01 it does.
-        assert!(run(0.0) < 1e-12);
-        assert!((run(0.01) - 0.01 * silu(1.0) * silu(1.0)).abs() < 1e-7);
+        assert!(state_after(0.0) < 1e-12);
+        assert!((state_after(0.01) - 0.01 * silu(1.0) * silu(1.0)).abs() < 1e-7);
     }
 }
