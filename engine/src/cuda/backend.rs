@@ -123,6 +123,12 @@ impl CudaBackend {
             let n = (tokens.len() - start).min(chunk);
             let ids: Vec<i32> = tokens[start..start + n].iter().map(|&t| t as i32).collect();
             let pos: Vec<i32> = (start as i32..(start + n) as i32).collect();
+            if start > 0 {
+                // The uploads are synchronous copies on the legacy stream, which does not wait
+                // for `self.stream` (non-blocking): the previous chunk's kernels, still reading
+                // these buffers (positions in every layer), must finish before they change.
+                self.sync()?;
+            }
             pf.tokens.write(0, &ids)?;
             pf.positions.write(0, &pos)?;
             launch!(&self.f.embed, &self.stream, self.pdl, (n as u32, 1, 1), 256, 0;
