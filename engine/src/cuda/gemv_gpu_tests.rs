@@ -9,7 +9,7 @@ use super::device::DevBuf;
 use super::{kernels, plan};
 use crate::launch;
 
-fn gpu() -> Option<(
+pub(super) fn gpu() -> Option<(
     std::sync::Arc<CudaContext>,
     std::sync::Arc<CudaStream>,
     usize,
@@ -31,7 +31,7 @@ fn gpu() -> Option<(
 }
 
 /// Seeded values in [-1, 1): the same on every run.
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {

@@ -24,6 +24,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("swiglu.cu", include_str!("../../kernels/swiglu.cu")),
     ("argmax.cu", include_str!("../../kernels/argmax.cu")),
     ("score.cu", include_str!("../../kernels/score.cu")),
+    ("mamba.cu", include_str!("../../kernels/mamba.cu")),
 ];
 
 /// The whole program's source, with `#line` markers so compile errors name the real file.
@@ -250,6 +251,10 @@ mod tests {
             "swiglu",
             "argmax_final",
             "score_forced",
+            "mamba_conv_step",
+            "mamba_ssm_step",
+            "mamba_gated_norm",
+            "relu2",
         ];
         for name in attention.chain(others.iter().map(|s| s.to_string())) {
             assert!(has(&name), "{name} missing");

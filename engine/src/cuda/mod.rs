@@ -12,6 +12,8 @@ mod step;
 
 #[cfg(test)]
 mod gemv_gpu_tests;
+#[cfg(test)]
+mod mamba_gpu_tests;
 
 pub use backend::CudaBackend;
 
