@@ -30,6 +30,19 @@ pub(super) fn gpu() -> Option<(
     Some((ctx, stream, sms))
 }
 
+/// The engine's kernels, compiled for this device as the backend compiles them.
+pub(super) fn module(
+    ctx: &std::sync::Arc<CudaContext>,
+) -> std::sync::Arc<cudarc::driver::CudaModule> {
+    let mut driver = 0;
+    // SAFETY: writes one int.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut driver) };
+    let (major, minor) = ctx.compute_capability().unwrap();
+    kernels::load(ctx, &format!("sm_{major}{minor}"), driver, &[])
+        .unwrap()
+        .0
+}
+
 /// Seeded values in [-1, 1): the same on every run.
 pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -80,11 +93,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     let Some((ctx, stream, sms)) = gpu() else {
         return;
     };
-    let mut driver = 0;
-    // SAFETY: writes one int.
-    let _ = unsafe { sys::cuDriverGetVersion(&mut driver) };
-    let (major, minor) = ctx.compute_capability().unwrap();
-    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver, &[]).unwrap();
+    let module = module(&ctx);
     const B: usize = plan::MAX_GEMV_BATCH;
     // The 8B's down (one round of tiles) and a taller matrix (two rounds: both halves of the
     // tensor-core kernel's double-buffered reduction).

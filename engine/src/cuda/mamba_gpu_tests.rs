@@ -4,7 +4,7 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{gpu, values};
+use super::gemv_gpu_tests::{gpu, module, values};
 use super::kernels;
 use crate::hybrid::mamba::{step, Params, State};
 use crate::hybrid::Mamba;
@@ -33,11 +33,7 @@ fn mamba_decode_kernels_match_the_cpu_reference_over_two_steps() {
     let Some((ctx, stream, _)) = gpu() else {
         return;
     };
-    let mut driver = 0;
-    // SAFETY: writes one int.
-    let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-    let (major, minor) = ctx.compute_capability().unwrap();
-    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver, &[]).unwrap();
+    let module = module(&ctx);
     let k = |n: &str| kernels::function(&module, n).unwrap();
     let m = Mamba {
         num_heads: 8,
@@ -171,11 +167,7 @@ fn relu2_squares_the_positive_part() {
     let Some((ctx, stream, _)) = gpu() else {
         return;
     };
-    let mut driver = 0;
-    // SAFETY: writes one int.
-    let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-    let (major, minor) = ctx.compute_capability().unwrap();
-    let (module, _) = kernels::load(&ctx, &format!("sm_{major}{minor}"), driver, &[]).unwrap();
+    let module = module(&ctx);
     let x = upload(&[-2.0f32, -0.5, 0.0, 0.5, 3.0]);
     launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0; x.ptr, 5i32)
         .unwrap();
