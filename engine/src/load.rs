@@ -101,8 +101,23 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
             cap_bytes: CPU_DEFAULT_POOL_CAP,
         });
         // One recurrent-state slot per sequence the engine admits at once.
+        let slot_bytes = state_slot_bytes(&cfg);
+        let limit = host_memory_bytes().unwrap_or(isize::MAX as usize);
+        if opts
+            .max_batch
+            .checked_mul(slot_bytes)
+            .is_none_or(|b| b > limit)
+        {
+            return Err(Error::Config {
+                message: format!(
+                    "--max-batch {} recurrent-state slots of {slot_bytes} bytes each exceed this \
+                     host's {limit} bytes of memory; give a smaller --max-batch",
+                    opts.max_batch
+                ),
+            });
+        }
         let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?
-            .with_state_slots(opts.max_batch, state_slot_bytes(&cfg));
+            .with_state_slots(opts.max_batch, slot_bytes);
         Box::new(HybridCpuBackend::load(&cfg, &ckpt, pool, &faults)?)
     } else if let Device::Cuda(ordinal) = device {
         Box::new(CudaBackend::load(
@@ -123,6 +138,20 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         Box::new(CpuBackend::load(&cfg, &ckpt, pool, &faults)?)
     };
     Ok(Engine::new(backend, cfg, opts.max_batch, faults))
+}
+
+/// The host's memory (`MemTotal` of /proc/meminfo), where it can be read.
+fn host_memory_bytes() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// The `resolved` object of the `ready` event: what the engine actually runs with.

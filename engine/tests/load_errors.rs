@@ -262,6 +262,22 @@ fn a_hybrid_missing_a_mamba_tensor_or_asked_for_cuda_is_named() {
 }
 
 #[test]
+fn a_hybrid_state_pool_beyond_the_hosts_memory_is_refused() {
+    let mut leg = Leg::start(
+        &model_dir("tiny-nemotron-h"),
+        &["--max-batch", "1000000000000"],
+    );
+    let ev = leg.recv();
+    assert_eq!(ev["type"], "error", "{ev}");
+    let m = ev["message"].as_str().unwrap();
+    assert!(
+        m.contains("recurrent-state slots") && m.contains("give a smaller --max-batch"),
+        "{m}"
+    );
+    assert_eq!(leg.wait().code(), Some(1));
+}
+
+#[test]
 fn a_hybrid_ready_event_reports_its_state_slots() {
     let mut leg = Leg::start(&model_dir("tiny-nemotron-h"), &["--max-batch", "3"]);
     let ready = leg.recv();
