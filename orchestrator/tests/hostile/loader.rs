@@ -1,6 +1,6 @@
-//! The engine's loader, fuzzed: tiny-llama's config.json with a size, an epsilon, a RoPE block
-//! or a type made hostile, and its safetensors file with the header's JSON edited, bytes
-//! changed or the file cut. `engine serve` must answer `ready` (and then serve) or one bounded
+//! The engine's loader, fuzzed: tiny-llama's or tiny-nemotron-h's config.json with a size, an
+//! epsilon, a RoPE block, a layer pattern or a type made hostile, and its safetensors file with
+//! the header's JSON edited, bytes changed or the file cut. `engine serve` must answer `ready` (and then serve) or one bounded
 //! `load_failed` naming the cause, within seconds and a 4 GiB address space, never crash.
 
 use std::io::{BufRead, BufReader, Write};
@@ -32,6 +32,20 @@ const CONFIG_KEYS: &[&str] = &[
     "dtype",
     "attention_bias",
     "mlp_bias",
+    // The hybrid's (Nemotron-H); each family ignores the other's keys.
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "n_groups",
+    "ssm_state_size",
+    "conv_kernel",
+    "time_step_min",
+    "layer_norm_epsilon",
+    "mlp_hidden_act",
+    "num_nextn_predict_layers",
+    "use_conv_bias",
+    "use_bias",
 ];
 
 fn hostile_value(rng: &mut Rng) -> Value {
@@ -58,6 +72,11 @@ fn hostile_value(rng: &mut Rng) -> Value {
         json!({"rope_type": "llama3", "factor": 0, "rope_theta": -1}),
         json!({"rope_type": "yarn"}),
         json!([2, 1u64 << 40]),
+        json!("M*-E"),
+        json!("MMMM"),
+        json!(["moe", "mlp"]),
+        json!(["linear_attention"]),
+        json!("relu2"),
     ];
     rng.pick(&v).clone()
 }
@@ -217,8 +236,13 @@ pub fn run(rng: &mut Rng, t: &mut Tally) {
     let Some(engine) = crate::engine_binary() else {
         return;
     };
-    let src = root().join("goldens/tiny-llama/model");
     for i in 0..120 {
+        let unit = if i % 2 == 0 {
+            "tiny-llama"
+        } else {
+            "tiny-nemotron-h"
+        };
+        let src = root().join("goldens").join(unit).join("model");
         let dir = tempfile::tempdir().unwrap();
         for f in ["config.json", "model.safetensors"] {
             std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
@@ -228,7 +252,11 @@ pub fn run(rng: &mut Rng, t: &mut Tally) {
             .collect();
         let marker = format!("hostile-loader-{}-{i}", std::process::id());
         let end = load(&engine, dir.path(), &marker);
-        t.add("engine loader", &what.join("; "), end);
+        t.add(
+            "engine loader",
+            &format!("{unit}: {}", what.join("; ")),
+            end,
+        );
         check_orphans(t, "engine loader", &marker);
     }
 }
