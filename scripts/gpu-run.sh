@@ -158,14 +158,8 @@ if [ -n "$units_arg" ]; then
         [ -n "${is_unit[$u]:-}" ] || { echo "gpu-run.sh: no unit goldens/$u/unit.toml" >&2; exit 2; }
     done
 else
-    while IFS=$'\t' read -r name gpu _ arch; do
+    while IFS=$'\t' read -r name gpu _; do
         [ "$gpu" = 1 ] || continue
-        # The engine runs the hybrid on the CPU only so far (docs/ENGINE.md): its GPU units are
-        # run by name, with --legs oracle, until its CUDA backend lands.
-        if [ "$arch" = NemotronHForCausalLM ] && [ "$legs" != oracle ]; then
-            log "units: skipping $name ($arch runs on the engine's CPU backend only so far; --units $name --legs oracle runs vLLM's leg)"
-            continue
-        fi
         units+=("$name")
     done <<<"$unit_table"
 fi

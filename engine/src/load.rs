@@ -86,16 +86,17 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         (None, Some(b)) => Some(PoolSize::Bytes(b)),
         (None, None) => None,
     };
-    let backend: Box<dyn Backend> = if cfg.hybrid.is_some() {
-        if let Device::Cuda(_) = device {
-            return Err(Error::Config {
-                message: format!(
-                    "{} runs on the CPU backend only so far (--device cpu); its CUDA kernels \
-                     are not written yet",
-                    cfg.architecture.hf_name()
-                ),
-            });
-        }
+    let backend: Box<dyn Backend> = if let Device::Cuda(ordinal) = device {
+        Box::new(CudaBackend::load(
+            &cfg,
+            &ckpt,
+            ordinal,
+            opts.block_size,
+            size,
+            opts.max_batch,
+            &faults,
+        )?)
+    } else if cfg.hybrid.is_some() {
         let size = size.unwrap_or(PoolSize::Default {
             max_batch: opts.max_batch,
             cap_bytes: CPU_DEFAULT_POOL_CAP,
@@ -119,16 +120,6 @@ pub fn load(opts: &LoadOptions) -> Result<Engine> {
         let pool = kv::resolve_pool(&cfg, opts.block_size, size, std::mem::size_of::<f32>())?
             .with_state_slots(opts.max_batch, slot_bytes);
         Box::new(HybridCpuBackend::load(&cfg, &ckpt, pool, &faults)?)
-    } else if let Device::Cuda(ordinal) = device {
-        Box::new(CudaBackend::load(
-            &cfg,
-            &ckpt,
-            ordinal,
-            opts.block_size,
-            size,
-            opts.max_batch,
-            &faults,
-        )?)
     } else {
         let size = size.unwrap_or(PoolSize::Default {
             max_batch: opts.max_batch,

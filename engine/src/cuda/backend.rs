@@ -14,8 +14,8 @@ use cudarc::driver::{CudaContext, CudaGraph, CudaModule, CudaStream};
 
 use super::device::{driver_err, DevBuf};
 use super::kernels;
-use super::load::{DecodeBufs, Funcs, LayerWeights, Matrix, PrefillBufs, VerifyBufs};
-use super::ops::{Attention, Paging};
+use super::load::{DecodeBufs, Funcs, Matrix, Mixer, PrefillBufs, Sublayer, VerifyBufs};
+use super::ops::{Attention, Mamba, Paging};
 use super::plan::{PrefillLayout, PREFILL_CHUNK};
 use super::profiler::Profiler;
 use crate::backend::{Backend, DecodeItem, Scored};
@@ -32,6 +32,7 @@ pub(super) const F32: usize = 4;
 #[derive(Clone, PartialEq)]
 pub(super) struct RowState {
     pub first_block: u32,
+    pub slot: Option<u32>,
     pub position: usize,
     pub token: u32,
 }
@@ -60,13 +61,17 @@ pub struct CudaBackend {
     /// Planted faults (fault.rs): the kernel ones are compiled in, `attn_scale_d` is the
     /// attention's scale, the weight ones were planted at load.
     pub(super) faults: Faults,
-    pub(super) layers: Vec<LayerWeights>,
+    pub(super) layers: Vec<Sublayer>,
     pub(super) embed: Matrix,
     pub(super) norm: DevBuf,
     pub(super) lm_head: Option<Matrix>,
     pub(super) inv_freq: DevBuf,
     pub(super) k_cache: Vec<DevBuf>,
     pub(super) v_cache: Vec<DevBuf>,
+    /// Per Mamba layer, every state slot's conv window [slots][conv_dim][K - 1] and SSM state
+    /// [slots][heads][N][head_dim], f32 (mamba.cu).
+    pub(super) conv_state: Vec<DevBuf>,
+    pub(super) ssm_state: Vec<DevBuf>,
     pub(super) f: Funcs,
     pub(super) blas: CudaBlas,
     pub(super) _module: Arc<CudaModule>,
@@ -106,12 +111,12 @@ impl CudaBackend {
     fn prefill_forward(&mut self, tokens: &[u32], table: &BlockTable) -> Result<()> {
         let chunk = tokens.len().min(PREFILL_CHUNK);
         self.prefill_bufs(chunk)?;
-        let c = self.cfg.clone();
-        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let h = self.cfg.hidden_size;
         let max_blocks = self.dec.layout.max_blocks;
         let pf = self.pf.as_ref().expect("allocated above");
         let table_ids: Vec<i32> = table.blocks.iter().map(|&b| b as i32).collect();
         pf.table.write(0, &table_ids)?;
+        pf.slot.write(0, &[table.state_slot.unwrap_or(0) as i32])?;
         let paging = Paging {
             positions: pf.positions.ptr,
             row_table: pf.row_table.ptr,
@@ -133,29 +138,56 @@ impl CudaBackend {
             pf.positions.write(0, &pos)?;
             launch!(&self.f.embed, &self.stream, self.pdl, (n as u32, 1, 1), 256, 0;
                 self.embed.buf.ptr, pf.tokens.ptr, pf.x.ptr, h as i32)?;
-            for (li, l) in self.layers.iter().enumerate() {
-                self.rmsnorm(pf.x.ptr, &l.input_norm, n, 0, pf.xn_bf16.ptr)?;
-                self.gemm(&l.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
-                self.rope_kv(li, pf.qkv.ptr, n, paging)?;
-                self.attention(&Attention {
-                    layer: li,
-                    qkv: pf.qkv.ptr,
-                    rows: n,
-                    splits: 1,
-                    paging,
-                    part_o: pf.part_o.ptr,
-                    part_ml: pf.part_ml.ptr,
-                    counts: pf.counts.ptr,
-                    out_f32: 0,
-                    out_bf16: pf.attn_bf16.ptr,
-                    rope: false,
-                })?;
-                self.gemm(&l.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
-                self.rmsnorm(pf.x.ptr, &l.post_norm, n, 0, pf.xn_bf16.ptr)?;
-                self.gemm(&l.gate_up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
-                launch!(&self.f.swiglu, &self.stream, self.pdl, ((i as u32).div_ceil(256), n as u32, 1), 256, 0;
-                    pf.gate_up.ptr, pf.act_bf16.ptr, i as i32)?;
-                self.gemm(&l.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
+            for l in &self.layers {
+                self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
+                match &l.mixer {
+                    Mixer::Attention(a) => {
+                        self.gemm(&a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
+                        self.rope_kv(a, pf.qkv.ptr, n, paging)?;
+                        self.attention(&Attention {
+                            w: a,
+                            qkv: pf.qkv.ptr,
+                            rows: n,
+                            splits: 1,
+                            paging,
+                            part_o: pf.part_o.ptr,
+                            part_ml: pf.part_ml.ptr,
+                            counts: pf.counts.ptr,
+                            out_f32: 0,
+                            out_bf16: pf.attn_bf16.ptr,
+                            rope: false,
+                        })?;
+                        self.gemm(&a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
+                    }
+                    Mixer::Mlp(m) => {
+                        self.gemm(&m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
+                        let width = m.down.cols;
+                        if m.swiglu {
+                            launch!(&self.f.swiglu, &self.stream, self.pdl, ((width as u32).div_ceil(256), n as u32, 1), 256, 0;
+                                pf.gate_up.ptr, pf.act_bf16.ptr, width as i32)?;
+                        } else {
+                            self.relu2(pf.gate_up.ptr, n * width, 0, pf.act_bf16.ptr)?;
+                        }
+                        self.gemm(&m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
+                    }
+                    Mixer::Mamba(m) => {
+                        self.gemm(&m.in_proj, pf.xn_bf16.ptr, pf.zxbcdt.ptr, n, false)?;
+                        self.mamba(&Mamba {
+                            w: m,
+                            zxbcdt: pf.zxbcdt.ptr,
+                            xbc: pf.xbc.ptr,
+                            y: pf.ssm_y.ptr,
+                            seqs: 1,
+                            steps: n,
+                            slots: pf.slot.ptr,
+                            positions: pf.positions.ptr,
+                            prefill: true,
+                            out_f32: 0,
+                            out_bf16: pf.gated_bf16.ptr,
+                        })?;
+                        self.gemm(&m.out_proj, pf.gated_bf16.ptr, pf.x.ptr, n, true)?;
+                    }
+                }
             }
             start += n;
             if start == tokens.len() {
@@ -246,7 +278,7 @@ impl Backend for CudaBackend {
     }
 
     fn features(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut f = serde_json::json!({
             "backend": "cuda",
             // The protocol's device ("cpu" / "cuda:N", what goldens are matched by); the GPU's
             // own name beside it.
@@ -265,7 +297,20 @@ impl Backend for CudaBackend {
             "kernel_cache": self.kernels,
             "prefill_gemm": "cublas bf16 -> f32",
             "degraded": self.degraded,
-        })
+        });
+        if let Some(h) = &self.cfg.hybrid {
+            f["hybrid"] = serde_json::json!({
+                "pattern": h.pattern(),
+                "mamba_layers": h.count(crate::hybrid::Block::Mamba),
+                "attention_layers": h.count(crate::hybrid::Block::Attention),
+                "mlp_layers": h.count(crate::hybrid::Block::Mlp),
+                "ssm_state_dtype": "float32",
+                "scan": "sequential over a prefill chunk's tokens, one thread per channel and \
+                         state slice (mamba.cu)",
+                "rope": "none (zero frequencies: an exact identity rotation)",
+            });
+        }
+        f
     }
 }
 

@@ -251,8 +251,8 @@ mod tests {
             "swiglu",
             "argmax_final",
             "score_forced",
-            "mamba_conv_step",
-            "mamba_ssm_step",
+            "mamba_conv",
+            "mamba_ssm",
             "mamba_gated_norm",
             "relu2",
         ];

@@ -15,6 +15,7 @@ use super::profiler::Profiler;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::fault::{Fault, Faults};
+use crate::hybrid::cpu::state_slot_bytes;
 use crate::kv::{self, PoolSize};
 use crate::weights::{Checkpoint, DType};
 
@@ -36,24 +37,62 @@ impl Matrix {
     }
 }
 
-pub(super) struct LayerWeights {
-    pub input_norm: DevBuf,
-    pub post_norm: DevBuf,
+/// Attention after its norm: q/k/v, attention over the paged cache, o.
+pub(super) struct AttentionWeights {
     /// q, k and v stacked: [q_dim + 2 kv_dim, hidden].
     pub qkv: Matrix,
     pub qkv_bias: Option<DevBuf>,
     pub q_norm: Option<DevBuf>,
     pub k_norm: Option<DevBuf>,
     pub o: Matrix,
-    /// gate and up stacked: [2 intermediate, hidden].
-    pub gate_up: Matrix,
+    /// Which of the KV cache's layers is this one's.
+    pub cache: usize,
+}
+
+/// The MLP after its norm.
+pub(super) struct MlpWeights {
+    /// SwiGLU (Llama family): gate and up stacked, [2 intermediate, hidden]; squared ReLU
+    /// (Nemotron-H): up, [intermediate, hidden].
+    pub up: Matrix,
     pub down: Matrix,
+    pub swiglu: bool,
+}
+
+/// The Mamba-2 mixer after its norm (mamba.cu).
+pub(super) struct MambaWeights {
+    /// [in_proj_dim, hidden]: z, x B C, dt.
+    pub in_proj: Matrix,
+    pub out_proj: Matrix,
+    /// [conv_dim][conv_kernel] bf16, and its bias.
+    pub conv_w: DevBuf,
+    pub conv_b: Option<DevBuf>,
+    /// Per head, f32: dt's bias, A = -exp(A_log) and the skip D.
+    pub dt_bias: DevBuf,
+    pub a: DevBuf,
+    pub d: DevBuf,
+    /// The gated RMSNorm's weight, [inner] bf16.
+    pub gate_norm: DevBuf,
+    /// Which of the state pool's Mamba layers is this one's.
+    pub state: usize,
+}
+
+pub(super) enum Mixer {
+    Attention(AttentionWeights),
+    Mlp(MlpWeights),
+    Mamba(MambaWeights),
+}
+
+/// One residual step: RMSNorm, the mixer, its output added to the residual stream. A Llama-family
+/// layer is two (attention, then the SwiGLU MLP); a Nemotron-H block is one.
+pub(super) struct Sublayer {
+    pub norm: DevBuf,
+    pub mixer: Mixer,
 }
 
 /// Every weight of the model on the device.
 pub(super) struct Weights {
     pub embed: Matrix,
-    pub layers: Vec<LayerWeights>,
+    pub layers: Vec<Sublayer>,
     pub norm: DevBuf,
     /// `None` when the lm_head is tied to the embedding.
     pub lm_head: Option<Matrix>,
@@ -71,6 +110,10 @@ pub(super) struct Funcs {
     /// (`gemv_m5_logits_b{batch}`), and `score_forced`.
     pub lm_head_logits: Vec<CudaFunction>,
     pub score: CudaFunction,
+    pub mamba_conv: CudaFunction,
+    pub mamba_ssm: CudaFunction,
+    pub mamba_gated_norm: CudaFunction,
+    pub relu2: CudaFunction,
     /// gemv[mode.index()][batch - 1] for every [`GemvMode`].
     pub gemv: Vec<Vec<CudaFunction>>,
     /// Blocks of each GEMV resident on the whole GPU at once, the streaming modes' persistent
@@ -93,6 +136,12 @@ pub(super) struct DecodeBufs {
     pub part_o: DevBuf,
     pub part_ml: DevBuf,
     pub counts: DevBuf,
+    /// Each row's recurrent-state slot (a hybrid's), and the Mamba mixer's buffers.
+    pub slots: DevBuf,
+    pub zxbcdt: DevBuf,
+    pub xbc: DevBuf,
+    pub ssm_y: DevBuf,
+    pub gated: DevBuf,
 }
 
 pub(super) struct PrefillBufs {
@@ -111,6 +160,12 @@ pub(super) struct PrefillBufs {
     pub part_o: DevBuf,
     pub part_ml: DevBuf,
     pub counts: DevBuf,
+    /// The prompt's recurrent-state slot, and the Mamba mixer's buffers.
+    pub slot: DevBuf,
+    pub zxbcdt: DevBuf,
+    pub xbc: DevBuf,
+    pub ssm_y: DevBuf,
+    pub gated_bf16: DevBuf,
     /// The last row, normalised, its argmax candidates and its token.
     pub last_xn: DevBuf,
     pub parts: DevBuf,
@@ -269,6 +324,7 @@ impl CudaBackend {
             let probe = kv::resolve_pool(cfg, block_size, PoolSize::Blocks(1), BF16)
                 .expect("one block is a valid pool");
             let rest = plan::weight_bytes(cfg)
+                + max_batch * state_slot_bytes(cfg)
                 + DecodeLayout::new(cfg, &probe, max_batch).bytes()
                 + PrefillLayout::new(cfg, PREFILL_CHUNK).bytes();
             PoolSize::Default {
@@ -276,7 +332,11 @@ impl CudaBackend {
                 cap_bytes: (free.saturating_sub(rest)) / 10 * 9,
             }
         });
-        let pool = kv::resolve_pool(cfg, block_size, size, BF16)?;
+        // One recurrent-state slot per sequence in flight (a hybrid's Mamba layers, in f32).
+        let pool = kv::resolve_pool(cfg, block_size, size, BF16)?.with_state_slots(
+            if cfg.hybrid.is_some() { max_batch } else { 0 },
+            state_slot_bytes(cfg),
+        );
         plan::check_fits(cfg, max_batch, &pool, free, total)?;
 
         let fault_defines = kernels::fault_defines(faults);
@@ -287,15 +347,31 @@ impl CudaBackend {
         })?;
 
         let w = upload_weights(cfg, ckpt, faults)?;
-        let inv = crate::rope::inv_freq(&cfg.rope, cfg.head_dim);
+        // Nemotron-H's attention has no RoPE: zero frequencies rotate by exactly nothing
+        // (cos 0 = 1, sin 0 = 0), so the Llama family's kernels serve it unchanged.
+        let inv = match &cfg.hybrid {
+            None => crate::rope::inv_freq(&cfg.rope, cfg.head_dim),
+            Some(_) => vec![0.0; cfg.head_dim / 2],
+        };
         let inv_freq = DevBuf::zeroed(inv.len() * F32)?;
         inv_freq.write(0, &inv)?;
         let per_layer = pool.num_blocks * pool.block_size * cfg.kv_dim() * BF16;
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
-        for _ in 0..cfg.num_layers {
+        for _ in 0..cfg.kv_layers() {
             k_cache.push(DevBuf::zeroed(per_layer)?);
             v_cache.push(DevBuf::zeroed(per_layer)?);
+        }
+        let (mut conv_state, mut ssm_state) = (Vec::new(), Vec::new());
+        if let Some(hy) = &cfg.hybrid {
+            let m = &hy.mamba;
+            for _ in 0..hy.count(crate::hybrid::Block::Mamba) {
+                let conv = pool.state_slots * m.conv_dim() * (m.conv_kernel - 1);
+                conv_state.push(DevBuf::zeroed(conv * F32)?);
+                ssm_state.push(DevBuf::zeroed(
+                    pool.state_slots * m.inner() * m.d_state * F32,
+                )?);
+            }
         }
         let dec = DecodeBufs::new(DecodeLayout::new(cfg, &pool, max_batch))?;
         let identity: Vec<i32> = (0..max_batch as i32).collect();
@@ -329,6 +405,8 @@ impl CudaBackend {
             inv_freq,
             k_cache,
             v_cache,
+            conv_state,
+            ssm_state,
             f,
             blas,
             _module: module,
@@ -396,6 +474,10 @@ impl Funcs {
                 .map(|b| k(&format!("gemv_m5_logits_b{b}")))
                 .collect::<Result<_>>()?,
             score: k("score_forced")?,
+            mamba_conv: k("mamba_conv")?,
+            mamba_ssm: k("mamba_ssm")?,
+            mamba_gated_norm: k("mamba_gated_norm")?,
+            relu2: k("relu2")?,
             gemv,
             resident,
         })
@@ -419,6 +501,11 @@ impl DecodeBufs {
             part_o: b(layout.part_o)?,
             part_ml: b(layout.part_ml)?,
             counts: b(layout.counts)?,
+            slots: b(layout.max_batch)?,
+            zxbcdt: b(layout.zxbcdt.max(1))?,
+            xbc: b(layout.xbc.max(1))?,
+            ssm_y: b(layout.ssm_y.max(1))?,
+            gated: b(layout.gated.max(1))?,
             layout,
         })
     }
@@ -442,6 +529,11 @@ impl PrefillBufs {
             part_o: f(layout.part_o)?,
             part_ml: f(layout.part_ml)?,
             counts: f(layout.counts)?,
+            slot: f(1)?,
+            zxbcdt: f(layout.zxbcdt.max(1))?,
+            xbc: f(layout.xbc.max(1))?,
+            ssm_y: f(layout.ssm_y.max(1))?,
+            gated_bf16: h(layout.gated_bf16.max(1))?,
             last_xn: f(cfg.hidden_size)?,
             parts: f(2 * plan::lm_head_blocks(cfg))?,
             token: f(1)?,
@@ -462,16 +554,24 @@ fn bf16_bytes<'a>(view: &crate::weights::TensorView<'a>) -> std::borrow::Cow<'a,
     }
 }
 
-/// Uploads every tensor in bf16, shard by shard, releasing each shard's pages once uploaded so
-/// that host memory holds about one shard at a time; plants the weight faults (`drop_bias`:
-/// no q/k/v biases; `norm_skip`: one layer's input norm weight all ones).
+/// How a checkpoint tensor lands on the device.
+#[derive(Clone, Copy)]
+enum Upload {
+    Bf16,
+    F32,
+    /// A = -exp(A_log), in f32 as transformers and vLLM compute it.
+    NegExpF32,
+}
+
+/// The tensors to upload: (name, destination, byte offset in it, how).
+type Plan<'a> = Vec<(String, &'a DevBuf, usize, Upload)>;
+
+/// Uploads every tensor (bf16, except the Mamba mixer's per-head constants in f32), shard by
+/// shard, releasing each shard's pages once uploaded so that host memory holds about one shard at
+/// a time; plants the weight faults (`drop_bias`: no q/k/v biases; `norm_skip`: one layer's input
+/// norm weight all ones).
 fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint, faults: &Faults) -> Result<Weights> {
-    let (h, q, kv, i) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-    );
+    let h = cfg.hidden_size;
     let z = |elems: usize| DevBuf::zeroed(elems * BF16);
     let embed = Matrix::zeroed(cfg.vocab_size, h)?;
     let norm = z(h)?;
@@ -480,85 +580,53 @@ fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint, faults: &Faults) -> Resu
     } else {
         Some(Matrix::zeroed(cfg.vocab_size, h)?)
     };
-    let mut layers = Vec::new();
-    for _ in 0..cfg.num_layers {
-        layers.push(LayerWeights {
-            input_norm: z(h)?,
-            post_norm: z(h)?,
-            qkv: Matrix::zeroed(q + 2 * kv, h)?,
-            qkv_bias: if cfg.qkv_bias && !faults.has(Fault::DropBias) {
-                Some(z(q + 2 * kv)?)
-            } else {
-                None
-            },
-            q_norm: if cfg.qk_norm {
-                Some(z(cfg.head_dim)?)
-            } else {
-                None
-            },
-            k_norm: if cfg.qk_norm {
-                Some(z(cfg.head_dim)?)
-            } else {
-                None
-            },
-            o: Matrix::zeroed(h, q)?,
-            gate_up: Matrix::zeroed(2 * i, h)?,
-            down: Matrix::zeroed(h, i)?,
-        });
-    }
-    // (tensor name, destination, byte offset in it)
-    let mut plan: Vec<(String, &DevBuf, usize)> = vec![
-        ("model.embed_tokens.weight".into(), &embed.buf, 0),
-        ("model.norm.weight".into(), &norm, 0),
+    let layers = match &cfg.hybrid {
+        None => llama_sublayers(cfg, faults)?,
+        Some(hy) => hybrid_sublayers(cfg, hy)?,
+    };
+    let (embed_name, norm_name) = if cfg.hybrid.is_some() {
+        ("model.embeddings.weight", "model.norm_f.weight")
+    } else {
+        ("model.embed_tokens.weight", "model.norm.weight")
+    };
+    let mut plan: Plan = vec![
+        (embed_name.into(), &embed.buf, 0, Upload::Bf16),
+        (norm_name.into(), &norm, 0, Upload::Bf16),
     ];
     if let Some(head) = &lm_head {
-        plan.push(("lm_head.weight".into(), &head.buf, 0));
+        plan.push(("lm_head.weight".into(), &head.buf, 0, Upload::Bf16));
     }
-    for (l, lw) in layers.iter().enumerate() {
-        let p = format!("model.layers.{l}");
-        plan.push((format!("{p}.input_layernorm.weight"), &lw.input_norm, 0));
-        plan.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            &lw.post_norm,
-            0,
-        ));
-        for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
-            plan.push((
-                format!("{p}.self_attn.{name}.weight"),
-                &lw.qkv.buf,
-                off * h * BF16,
-            ));
-            if let Some(b) = &lw.qkv_bias {
-                plan.push((format!("{p}.self_attn.{name}.bias"), b, off * BF16));
-            }
-        }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            plan.push((format!("{p}.self_attn.q_norm.weight"), qn, 0));
-            plan.push((format!("{p}.self_attn.k_norm.weight"), kn, 0));
-        }
-        let up = i * h * BF16;
-        plan.push((format!("{p}.self_attn.o_proj.weight"), &lw.o.buf, 0));
-        plan.push((format!("{p}.mlp.gate_proj.weight"), &lw.gate_up.buf, 0));
-        plan.push((format!("{p}.mlp.up_proj.weight"), &lw.gate_up.buf, up));
-        plan.push((format!("{p}.mlp.down_proj.weight"), &lw.down.buf, 0));
+    if cfg.hybrid.is_some() {
+        hybrid_plan(&layers, &mut plan);
+    } else {
+        llama_plan(cfg, &layers, &mut plan);
     }
-    plan.sort_by_key(|(name, _, _)| ckpt.shard_of(name));
+    plan.sort_by_key(|(name, ..)| ckpt.shard_of(name));
     let mut current: Option<usize> = None;
-    for (name, dst, offset) in &plan {
+    for (name, dst, offset, how) in &plan {
         let shard = ckpt.shard_of(name);
         if let Some(prev) = current.filter(|&p| Some(p) != shard) {
             ckpt.release_shard(prev);
         }
         current = shard;
         let view = ckpt.get(name)?;
-        dst.write_bytes(*offset, &bf16_bytes(&view))?;
+        match how {
+            Upload::Bf16 => dst.write_bytes(*offset, &bf16_bytes(&view))?,
+            Upload::F32 => dst.write(*offset / F32, &view.to_f32())?,
+            Upload::NegExpF32 => {
+                let a: Vec<f32> = view.to_f32().iter().map(|v| -v.exp()).collect();
+                dst.write(*offset / F32, &a)?
+            }
+        }
     }
     if let Some(s) = current {
         ckpt.release_shard(s);
     }
     if let Some(l) = faults.skipped_norm_layer(cfg) {
+        // A Llama layer's input norm is its first sublayer's; a hybrid block is one sublayer.
+        let sub = if cfg.hybrid.is_some() { l } else { 2 * l };
         let one = half::bf16::ONE.to_bits();
-        layers[l].input_norm.write(0, &vec![one; h])?;
+        layers[sub].norm.write(0, &vec![one; h])?;
     }
     Ok(Weights {
         embed,
@@ -566,4 +634,184 @@ fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint, faults: &Faults) -> Resu
         norm,
         lm_head,
     })
+}
+
+/// A Llama-family layer as two sublayers, zeroed: attention, then the SwiGLU MLP.
+fn llama_sublayers(cfg: &ModelConfig, faults: &Faults) -> Result<Vec<Sublayer>> {
+    let (h, q, kv, i) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let z = |elems: usize| DevBuf::zeroed(elems * BF16);
+    let opt = |on: bool, elems: usize| on.then(|| z(elems)).transpose();
+    let mut subs = Vec::new();
+    for l in 0..cfg.num_layers {
+        subs.push(Sublayer {
+            norm: z(h)?,
+            mixer: Mixer::Attention(AttentionWeights {
+                qkv: Matrix::zeroed(q + 2 * kv, h)?,
+                qkv_bias: opt(cfg.qkv_bias && !faults.has(Fault::DropBias), q + 2 * kv)?,
+                q_norm: opt(cfg.qk_norm, cfg.head_dim)?,
+                k_norm: opt(cfg.qk_norm, cfg.head_dim)?,
+                o: Matrix::zeroed(h, q)?,
+                cache: l,
+            }),
+        });
+        subs.push(Sublayer {
+            norm: z(h)?,
+            mixer: Mixer::Mlp(MlpWeights {
+                up: Matrix::zeroed(2 * i, h)?,
+                down: Matrix::zeroed(h, i)?,
+                swiglu: true,
+            }),
+        });
+    }
+    Ok(subs)
+}
+
+fn llama_plan<'a>(cfg: &ModelConfig, subs: &'a [Sublayer], plan: &mut Plan<'a>) {
+    let (h, q, kv, i) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let mut bf16 = |name: String, dst: &'a DevBuf, off: usize| {
+        plan.push((name, dst, off, Upload::Bf16));
+    };
+    for (l, pair) in subs.chunks_exact(2).enumerate() {
+        let p = format!("model.layers.{l}");
+        let (Mixer::Attention(a), Mixer::Mlp(m)) = (&pair[0].mixer, &pair[1].mixer) else {
+            unreachable!("llama_sublayers pairs attention with an MLP");
+        };
+        bf16(format!("{p}.input_layernorm.weight"), &pair[0].norm, 0);
+        bf16(
+            format!("{p}.post_attention_layernorm.weight"),
+            &pair[1].norm,
+            0,
+        );
+        for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
+            bf16(
+                format!("{p}.self_attn.{name}.weight"),
+                &a.qkv.buf,
+                off * h * BF16,
+            );
+            if let Some(b) = &a.qkv_bias {
+                bf16(format!("{p}.self_attn.{name}.bias"), b, off * BF16);
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            bf16(format!("{p}.self_attn.q_norm.weight"), qn, 0);
+            bf16(format!("{p}.self_attn.k_norm.weight"), kn, 0);
+        }
+        bf16(format!("{p}.self_attn.o_proj.weight"), &a.o.buf, 0);
+        bf16(format!("{p}.mlp.gate_proj.weight"), &m.up.buf, 0);
+        bf16(format!("{p}.mlp.up_proj.weight"), &m.up.buf, i * h * BF16);
+        bf16(format!("{p}.mlp.down_proj.weight"), &m.down.buf, 0);
+    }
+}
+
+/// A Nemotron-H block per sublayer, zeroed.
+fn hybrid_sublayers(cfg: &ModelConfig, hy: &crate::hybrid::Hybrid) -> Result<Vec<Sublayer>> {
+    use crate::hybrid::Block;
+    let (h, m) = (cfg.hidden_size, &hy.mamba);
+    let z = |elems: usize| DevBuf::zeroed(elems * BF16);
+    let f = |elems: usize| DevBuf::zeroed(elems * F32);
+    let (mut caches, mut states) = (0, 0);
+    let mut subs = Vec::new();
+    for block in &hy.blocks {
+        let mixer = match block {
+            Block::Attention => {
+                caches += 1;
+                Mixer::Attention(AttentionWeights {
+                    qkv: Matrix::zeroed(cfg.q_dim() + 2 * cfg.kv_dim(), h)?,
+                    qkv_bias: None,
+                    q_norm: None,
+                    k_norm: None,
+                    o: Matrix::zeroed(h, cfg.q_dim())?,
+                    cache: caches - 1,
+                })
+            }
+            Block::Mlp => Mixer::Mlp(MlpWeights {
+                up: Matrix::zeroed(cfg.intermediate_size, h)?,
+                down: Matrix::zeroed(h, cfg.intermediate_size)?,
+                swiglu: false,
+            }),
+            Block::Mamba => {
+                states += 1;
+                Mixer::Mamba(MambaWeights {
+                    in_proj: Matrix::zeroed(m.in_proj_dim(), h)?,
+                    out_proj: Matrix::zeroed(h, m.inner())?,
+                    conv_w: z(m.conv_dim() * m.conv_kernel)?,
+                    conv_b: m.conv_bias.then(|| z(m.conv_dim())).transpose()?,
+                    dt_bias: f(m.num_heads)?,
+                    a: f(m.num_heads)?,
+                    d: f(m.num_heads)?,
+                    gate_norm: z(m.inner())?,
+                    state: states - 1,
+                })
+            }
+        };
+        subs.push(Sublayer { norm: z(h)?, mixer });
+    }
+    Ok(subs)
+}
+
+fn hybrid_plan<'a>(subs: &'a [Sublayer], plan: &mut Plan<'a>) {
+    for (l, sub) in subs.iter().enumerate() {
+        let p = format!("model.layers.{l}");
+        let x = format!("{p}.mixer");
+        let mut add = |name: String, dst: &'a DevBuf, off: usize, how: Upload| {
+            plan.push((name, dst, off, how));
+        };
+        add(format!("{p}.norm.weight"), &sub.norm, 0, Upload::Bf16);
+        match &sub.mixer {
+            Mixer::Attention(a) => {
+                let (q, kv) = (a.o.cols, (a.qkv.rows - a.o.cols) / 2);
+                let h = a.qkv.cols;
+                for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
+                    add(
+                        format!("{x}.{name}.weight"),
+                        &a.qkv.buf,
+                        off * h * BF16,
+                        Upload::Bf16,
+                    );
+                }
+                add(format!("{x}.o_proj.weight"), &a.o.buf, 0, Upload::Bf16);
+            }
+            Mixer::Mlp(m) => {
+                add(format!("{x}.up_proj.weight"), &m.up.buf, 0, Upload::Bf16);
+                add(
+                    format!("{x}.down_proj.weight"),
+                    &m.down.buf,
+                    0,
+                    Upload::Bf16,
+                );
+            }
+            Mixer::Mamba(m) => {
+                add(
+                    format!("{x}.in_proj.weight"),
+                    &m.in_proj.buf,
+                    0,
+                    Upload::Bf16,
+                );
+                add(
+                    format!("{x}.out_proj.weight"),
+                    &m.out_proj.buf,
+                    0,
+                    Upload::Bf16,
+                );
+                add(format!("{x}.conv1d.weight"), &m.conv_w, 0, Upload::Bf16);
+                if let Some(b) = &m.conv_b {
+                    add(format!("{x}.conv1d.bias"), b, 0, Upload::Bf16);
+                }
+                add(format!("{x}.dt_bias"), &m.dt_bias, 0, Upload::F32);
+                add(format!("{x}.A_log"), &m.a, 0, Upload::NegExpF32);
+                add(format!("{x}.D"), &m.d, 0, Upload::F32);
+                add(format!("{x}.norm.weight"), &m.gate_norm, 0, Upload::Bf16);
+            }
+        }
+    }
 }

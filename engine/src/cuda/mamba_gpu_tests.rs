@@ -1,11 +1,12 @@
 //! The Mamba-2 decode kernels (engine/kernels/mamba.cu) on a GPU against the CPU reference
-//! (hybrid/mamba.rs), on the 8B's per-head sizes: three rows in scattered state slots, two steps
-//! (the first from a fresh state, the second carrying it), the outputs and the states compared.
+//! (hybrid/mamba.rs): decode rows in scattered state slots and a prefill chunk in one launch, the
+//! outputs and the states compared.
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
 use super::gemv_gpu_tests::{gpu, module, values};
 use super::kernels;
+use super::plan;
 use crate::hybrid::mamba::{step, Params, State};
 use crate::hybrid::Mamba;
 use crate::launch;
@@ -28,136 +29,224 @@ fn upload<T: Copy>(v: &[T]) -> DevBuf {
     b
 }
 
+/// The mixer's constants on the host (bf16-rounded where the device keeps bf16) and the device.
+struct Mixer {
+    m: Mamba,
+    conv_w: Vec<f32>,
+    conv_b: Vec<f32>,
+    dt_bias: Vec<f32>,
+    a: Vec<f32>,
+    d: Vec<f32>,
+    norm_w: Vec<f32>,
+    dev: [DevBuf; 6],
+}
+
+impl Mixer {
+    fn new(m: Mamba) -> Self {
+        let (inner, conv_dim, heads, kk) = (m.inner(), m.conv_dim(), m.num_heads, m.conv_kernel);
+        let (conv_w_b, conv_w) = bf16s(&values(conv_dim * kk, 1));
+        let (conv_b_b, conv_b) = bf16s(&values(conv_dim, 2));
+        let dt_bias: Vec<f32> = values(heads, 3).iter().map(|v| v - 2.0).collect();
+        let a: Vec<f32> = (0..heads).map(|h| -((h + 1) as f32)).collect();
+        let d: Vec<f32> = values(heads, 4).iter().map(|v| 1.0 + v).collect();
+        let (norm_b, norm_w) = bf16s(
+            &values(inner, 5)
+                .iter()
+                .map(|v| 1.0 + 0.2 * v)
+                .collect::<Vec<_>>(),
+        );
+        let dev = [
+            upload(&conv_w_b),
+            upload(&conv_b_b),
+            upload(&dt_bias),
+            upload(&a),
+            upload(&d),
+            upload(&norm_b),
+        ];
+        Self {
+            m,
+            conv_w,
+            conv_b,
+            dt_bias,
+            a,
+            d,
+            norm_w,
+            dev,
+        }
+    }
+
+    fn params(&self) -> Params<'_> {
+        Params {
+            conv_w: &self.conv_w,
+            conv_b: Some(&self.conv_b),
+            dt_bias: &self.dt_bias,
+            a: &self.a,
+            d: &self.d,
+            norm_w: &self.norm_w,
+        }
+    }
+}
+
+/// Device state and scratch for `slots` slots and up to `rows` rows.
+struct Run {
+    conv_state: DevBuf,
+    ssm_state: DevBuf,
+    xbc: DevBuf,
+    y: DevBuf,
+    out: DevBuf,
+}
+
+/// Launches conv, SSM and gated norm over `seqs` sequences of `steps` rows of `zx`, as the
+/// backend does (ops.rs `mamba`), and returns the gated output.
+#[allow(clippy::too_many_arguments)]
+fn launch_mixer(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    mx: &Mixer,
+    r: &Run,
+    zx: &[f32],
+    seqs: usize,
+    steps: usize,
+    slots: &[i32],
+    positions: &[i32],
+    dt_min: f32,
+) -> Vec<f32> {
+    let k = |n: &str| kernels::function(module, n).unwrap();
+    let m = &mx.m;
+    let (inner, conv_dim, in_dim) = (m.inner(), m.conv_dim(), m.in_proj_dim());
+    let split = plan::mamba_ssm_split(m.d_state).unwrap();
+    let (zx_d, slots_d, pos_d) = (upload(zx), upload(slots), upload(positions));
+    let i = |v: usize| v as i32;
+    let dev = &mx.dev;
+    launch!(&k("mamba_conv"), stream, false, ((conv_dim as u32).div_ceil(128), seqs as u32, 1), 128, 0;
+        zx_d.ptr, i(steps), i(in_dim), i(inner), i(conv_dim), i(m.conv_kernel), dev[0].ptr, dev[1].ptr,
+        r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
+    .unwrap();
+    launch!(&k("mamba_ssm"), stream, false, (m.num_heads as u32, seqs as u32, 1), (m.head_dim * split) as u32, 0;
+        zx_d.ptr, r.xbc.ptr, i(steps), i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
+        i(m.d_state), i(m.n_groups), i(split), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
+        slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
+    .unwrap();
+    launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, (seqs * steps) as u32, 1), 256, 0;
+        r.y.ptr, zx_d.ptr, i(in_dim), i(inner), i(m.n_groups), dev[5].ptr, m.eps, r.out.ptr, 0u64)
+    .unwrap();
+    let mut got = vec![0f32; seqs * steps * inner];
+    r.out.read(&mut got, stream).unwrap();
+    got
+}
+
+fn assert_close(want: &[f32], got: &[f32], what: &str) {
+    let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(w, g)| (w - g).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-4 * scale, "{what}: {worst} of {scale}");
+}
+
+/// Decode (three rows in scattered slots, one step each, twice: from a fresh state, then
+/// carrying it) and prefill (one sequence of several rows in one launch, then a decode step from
+/// the state it left) on the 8B's per-head sizes and on a small state of one thread per channel,
+/// against the CPU reference step by step; then the states each slot holds.
 #[test]
-fn mamba_decode_kernels_match_the_cpu_reference_over_two_steps() {
+fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
     let Some((ctx, stream, _)) = gpu() else {
         return;
     };
     let module = module(&ctx);
-    let k = |n: &str| kernels::function(&module, n).unwrap();
-    let m = Mamba {
-        num_heads: 8,
-        head_dim: 64,
-        d_state: 128,
-        n_groups: 2,
-        conv_kernel: 4,
-        chunk_size: 128,
-        time_step_min: 0.001,
-        conv_bias: true,
-        proj_bias: false,
-        ssm_cache_dtype: "float32".into(),
-        eps: 1e-5,
-    };
-    let (inner, conv_dim, in_dim) = (m.inner(), m.conv_dim(), m.in_proj_dim());
-    let (heads, hd, n, kk) = (m.num_heads, m.head_dim, m.d_state, m.conv_kernel);
-    let (conv_w_b, conv_w) = bf16s(&values(conv_dim * kk, 1));
-    let (conv_b_b, conv_b) = bf16s(&values(conv_dim, 2));
-    let (dt_bias_b, dt_bias) = bf16s(&values(heads, 3).iter().map(|v| v - 2.0).collect::<Vec<_>>());
-    let a: Vec<f32> = (0..heads).map(|h| -((h + 1) as f32)).collect();
-    let (d_b, d) = bf16s(&values(heads, 4).iter().map(|v| 1.0 + v).collect::<Vec<_>>());
-    let (norm_b, norm_w) = bf16s(
-        &values(inner, 5)
-            .iter()
-            .map(|v| 1.0 + 0.2 * v)
-            .collect::<Vec<_>>(),
-    );
-    let p = Params {
-        conv_w: &conv_w,
-        conv_b: Some(&conv_b),
-        dt_bias: &dt_bias,
-        a: &a,
-        d: &d,
-        norm_w: &norm_w,
-    };
-    let dev = [
-        upload(&conv_w_b),
-        upload(&conv_b_b),
-        upload(&dt_bias_b),
-        upload(&a),
-        upload(&d_b),
-        upload(&norm_b),
-    ];
-    let (slots, rows, n_slots) = (vec![2i32, 0, 1], 3usize, 3usize);
-    let conv_state = DevBuf::zeroed(n_slots * conv_dim * (kk - 1) * 4).unwrap();
-    let ssm_state = DevBuf::zeroed(n_slots * heads * n * hd * 4).unwrap();
-    // Stale values in every slot: a row at position 0 must not read them.
-    conv_state
-        .write(0, &vec![9.0f32; n_slots * conv_dim * (kk - 1)])
-        .unwrap();
-    ssm_state
-        .write(0, &vec![9.0f32; n_slots * heads * n * hd])
-        .unwrap();
-    let slots_d = upload(&slots);
-    let (xbc, y, out) = (
-        DevBuf::zeroed(rows * conv_dim * 4).unwrap(),
-        DevBuf::zeroed(rows * inner * 4).unwrap(),
-        DevBuf::zeroed(rows * inner * 4).unwrap(),
-    );
-    let mut cpu: Vec<(Vec<f32>, Vec<f32>)> = (0..rows)
-        .map(|_| (vec![0.0; conv_dim * (kk - 1)], vec![0.0; inner * n]))
-        .collect();
-    for (t, dt_min) in [(0, 0.001f32), (1, 0.0)] {
-        let zx = values(rows * in_dim, 10 + t as u64);
-        let zx_d = upload(&zx);
-        let pos = upload(&vec![t; rows]);
-        let ints = |v: usize| v as i32;
-        launch!(&k("mamba_conv_step"), &stream, false, ((conv_dim as u32).div_ceil(256), rows as u32, 1), 256, 0;
-            zx_d.ptr, ints(in_dim), ints(inner), ints(conv_dim), ints(kk), dev[0].ptr, dev[1].ptr,
-            conv_state.ptr, slots_d.ptr, pos.ptr, xbc.ptr)
-        .unwrap();
-        launch!(&k("mamba_ssm_step"), &stream, false, (heads as u32, rows as u32, 1), hd as u32, 0;
-            zx_d.ptr, xbc.ptr, ints(in_dim), ints(inner), ints(conv_dim), ints(heads), ints(hd), ints(n),
-            ints(m.n_groups), dev[2].ptr, dev[3].ptr, dev[4].ptr, ssm_state.ptr, slots_d.ptr, pos.ptr,
-            dt_min, y.ptr)
-        .unwrap();
-        launch!(&k("mamba_gated_norm"), &stream, false, (m.n_groups as u32, rows as u32, 1), 256, 0;
-            y.ptr, zx_d.ptr, ints(in_dim), ints(inner), ints(m.n_groups), dev[5].ptr, m.eps, out.ptr)
-        .unwrap();
-        let mut got = vec![0f32; rows * inner];
-        out.read(&mut got, &stream).unwrap();
-        for r in 0..rows {
-            let (conv, ssm) = &mut cpu[r];
-            let want = step(
-                &m,
-                &p,
-                &mut State { conv, ssm },
-                &zx[r * in_dim..(r + 1) * in_dim],
-                dt_min,
-            );
-            let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
-            let worst = want
-                .iter()
-                .zip(&got[r * inner..(r + 1) * inner])
-                .map(|(w, g)| (w - g).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                worst <= 1e-4 * scale,
-                "step {t} row {r}: {worst} of {scale}"
-            );
+    for (heads, hd, n) in [(8, 64, 128), (4, 32, 32)] {
+        let mx = Mixer::new(Mamba {
+            num_heads: heads,
+            head_dim: hd,
+            d_state: n,
+            n_groups: 2,
+            conv_kernel: 4,
+            chunk_size: 128,
+            time_step_min: 0.001,
+            conv_bias: true,
+            proj_bias: false,
+            ssm_cache_dtype: "float32".into(),
+            eps: 1e-5,
+        });
+        let m = &mx.m;
+        let (inner, conv_dim, in_dim, kk) =
+            (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel);
+        let (n_slots, max_rows) = (3usize, 6usize);
+        let r = Run {
+            conv_state: upload(&vec![9.0f32; n_slots * conv_dim * (kk - 1)]),
+            ssm_state: upload(&vec![9.0f32; n_slots * heads * n * hd]),
+            xbc: DevBuf::zeroed(max_rows * conv_dim * 4).unwrap(),
+            y: DevBuf::zeroed(max_rows * inner * 4).unwrap(),
+            out: DevBuf::zeroed(max_rows * inner * 4).unwrap(),
+        };
+        // Stale values (9.0) fill every slot: a sequence at position 0 must not read them.
+        let mut cpu: Vec<(Vec<f32>, Vec<f32>)> = (0..n_slots)
+            .map(|_| (vec![0.0; conv_dim * (kk - 1)], vec![0.0; inner * n]))
+            .collect();
+        let mut reference = |slot: usize, zx: &[f32], dt_min: f32| {
+            let (conv, ssm) = &mut cpu[slot];
+            step(m, &mx.params(), &mut State { conv, ssm }, zx, dt_min)
+        };
+        // Decode: rows in slots 2, 0 (positions 0, then 1).
+        let slots = [2i32, 0];
+        for t in 0..2 {
+            let zx = values(slots.len() * in_dim, 10 + t as u64);
+            let got = launch_mixer(&stream, &module, &mx, &r, &zx, 2, 1, &slots, &[t; 2], 0.0);
+            for (row, &slot) in slots.iter().enumerate() {
+                let want = reference(slot as usize, &zx[row * in_dim..(row + 1) * in_dim], 0.0);
+                let what = format!("{heads}x{hd}x{n} decode step {t} row {row}");
+                assert_close(&want, &got[row * inner..(row + 1) * inner], &what);
+            }
         }
-    }
-    // The states each row carries, in its own slot: the device's SSM state is [heads][N][hd].
-    let mut ssm_dev = vec![0f32; n_slots * heads * n * hd];
-    ssm_state.read(&mut ssm_dev, &stream).unwrap();
-    let mut conv_dev = vec![0f32; n_slots * conv_dim * (kk - 1)];
-    conv_state.read(&mut conv_dev, &stream).unwrap();
-    for (r, &slot) in slots.iter().enumerate() {
-        let s = slot as usize;
-        let (conv, ssm) = &cpu[r];
-        assert_eq!(
-            &conv_dev[s * conv.len()..(s + 1) * conv.len()],
-            &conv[..],
-            "row {r}"
+        // Prefill: slot 1, rows at positions 0..5 in one launch (dt clamped), then a decode step.
+        let zx = values(5 * in_dim, 20);
+        let got = launch_mixer(
+            &stream,
+            &module,
+            &mx,
+            &r,
+            &zx,
+            1,
+            5,
+            &[1],
+            &[0, 1, 2, 3, 4],
+            0.001,
         );
-        for (h, i, j) in
-            (0..heads).flat_map(|h| (0..hd).flat_map(move |i| (0..n).map(move |j| (h, i, j))))
-        {
-            let want = ssm[(h * hd + i) * n + j];
-            let got = ssm_dev[((s * heads + h) * n + j) * hd + i];
-            assert!(
-                (want - got).abs() <= 1e-5 * want.abs().max(1.0),
-                "row {r} h {h} i {i} n {j}"
+        for t in 0..5 {
+            let want = reference(1, &zx[t * in_dim..(t + 1) * in_dim], 0.001);
+            let what = format!("{heads}x{hd}x{n} prefill row {t}");
+            assert_close(&want, &got[t * inner..(t + 1) * inner], &what);
+        }
+        let zx = values(in_dim, 21);
+        let got = launch_mixer(&stream, &module, &mx, &r, &zx, 1, 1, &[1], &[5], 0.0);
+        let want = reference(1, &zx, 0.0);
+        assert_close(
+            &want,
+            &got,
+            &format!("{heads}x{hd}x{n} decode after prefill"),
+        );
+        // The states each slot holds: the device's SSM state is [heads][N][hd].
+        let mut ssm_dev = vec![0f32; n_slots * heads * n * hd];
+        r.ssm_state.read(&mut ssm_dev, &stream).unwrap();
+        let mut conv_dev = vec![0f32; n_slots * conv_dim * (kk - 1)];
+        r.conv_state.read(&mut conv_dev, &stream).unwrap();
+        for (s, (conv, ssm)) in cpu.iter().enumerate() {
+            assert_eq!(
+                &conv_dev[s * conv.len()..(s + 1) * conv.len()],
+                &conv[..],
+                "slot {s}"
             );
+            for (h, i, j) in
+                (0..heads).flat_map(|h| (0..hd).flat_map(move |i| (0..n).map(move |j| (h, i, j))))
+            {
+                let want = ssm[(h * hd + i) * n + j];
+                let got = ssm_dev[((s * heads + h) * n + j) * hd + i];
+                assert!(
+                    (want - got).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{heads}x{hd}x{n} slot {s} h {h} i {i} n {j}: {got} vs {want}"
+                );
+            }
         }
     }
 }
@@ -169,9 +258,18 @@ fn relu2_squares_the_positive_part() {
     };
     let module = module(&ctx);
     let x = upload(&[-2.0f32, -0.5, 0.0, 0.5, 3.0]);
-    launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0; x.ptr, 5i32)
-        .unwrap();
+    let b = DevBuf::zeroed(5 * 2).unwrap();
+    launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0;
+        x.ptr, 5i32, x.ptr, b.ptr)
+    .unwrap();
     let mut got = [0f32; 5];
     x.read(&mut got, &stream).unwrap();
     assert_eq!(got, [0.0, 0.0, 0.0, 0.25, 9.0]);
+    let mut got_b = [0u16; 5];
+    b.read(&mut got_b, &stream).unwrap();
+    let widened: Vec<f32> = got_b
+        .iter()
+        .map(|&v| half::bf16::from_bits(v).to_f32())
+        .collect();
+    assert_eq!(widened, [0.0, 0.0, 0.0, 0.25, 9.0]);
 }

@@ -6,7 +6,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 
 use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
-use super::load::Matrix;
+use super::load::{AttentionWeights, MambaWeights, Matrix};
 use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
 use crate::backend::Scored;
 use crate::error::{Error, Result};
@@ -63,8 +63,8 @@ pub(super) struct Paging {
 
 /// Attention of `rows` rows of `qkv` over the paged cache into `out_f32`/`out_bf16` (0: not
 /// written), in `splits` context splits with their scratch.
-pub(super) struct Attention {
-    pub layer: usize,
+pub(super) struct Attention<'a> {
+    pub w: &'a AttentionWeights,
     pub qkv: u64,
     pub rows: usize,
     pub splits: usize,
@@ -77,6 +77,25 @@ pub(super) struct Attention {
     /// Decode: the kernel also does what `rope_kv` does for prefill (bias, q/k norm, rotation,
     /// and the new position's K/V write).
     pub rope: bool,
+}
+
+/// The Mamba-2 mixer's recurrent core (mamba.cu) over `seqs` sequences of `steps` consecutive
+/// rows each of `zxbcdt` (in_proj's output): the conv into `xbc`, the SSM into `y`, the gated
+/// norm into `out_f32`/`out_bf16` (0: not written).
+pub(super) struct Mamba<'a> {
+    pub w: &'a MambaWeights,
+    pub zxbcdt: u64,
+    pub xbc: u64,
+    pub y: u64,
+    pub seqs: usize,
+    pub steps: usize,
+    /// Each sequence's state slot, and each row's position.
+    pub slots: u64,
+    pub positions: u64,
+    /// Transformers' prefill arithmetic: dt clamped from below at `time_step_min`.
+    pub prefill: bool,
+    pub out_f32: u64,
+    pub out_bf16: u64,
 }
 
 impl CudaBackend {
@@ -150,32 +169,75 @@ impl CudaBackend {
     }
 
     /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv` (prefill).
-    pub(super) fn rope_kv(&self, layer: usize, qkv: u64, rows: usize, p: Paging) -> Result<()> {
+    pub(super) fn rope_kv(
+        &self,
+        l: &AttentionWeights,
+        qkv: u64,
+        rows: usize,
+        p: Paging,
+    ) -> Result<()> {
         let c = &self.cfg;
-        let l = &self.layers[layer];
         launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
             qkv, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
-            self.k_cache[layer].ptr, self.v_cache[layer].ptr, c.num_heads as i32,
+            self.k_cache[l.cache].ptr, self.v_cache[l.cache].ptr, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
         self.mark("rope_kv", 0)
     }
 
     pub(super) fn attention(&self, a: &Attention) -> Result<()> {
         let c = &self.cfg;
-        let l = &self.layers[a.layer];
+        let l = a.w;
         let p = &a.paging;
         let scale = self.faults.attention_scale(c.head_dim);
         launch!(&self.f.attention, &self.stream, self.pdl,
             (a.rows as u32, c.num_kv_heads as u32, a.splits as u32), ATT_THREADS,
             plan::attention_smem_bytes(c);
-            a.qkv, self.qkv_width() as i32, self.k_cache[a.layer].ptr, self.v_cache[a.layer].ptr,
+            a.qkv, self.qkv_width() as i32, self.k_cache[l.cache].ptr, self.v_cache[l.cache].ptr,
             p.positions, p.row_table, p.tables, p.max_blocks as i32, c.num_heads as i32,
             c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, scale,
             a.part_o, a.part_ml, a.counts, a.out_f32, a.out_bf16, ptr_or_null(&l.qkv_bias),
             ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             if a.rope { self.inv_freq.ptr } else { 0 })?;
         self.mark("attention", 0)
+    }
+
+    /// The Mamba-2 mixer's conv, SSM and gated norm (mamba.cu).
+    pub(super) fn mamba(&self, m: &Mamba) -> Result<()> {
+        let hy = &self
+            .cfg
+            .hybrid
+            .as_ref()
+            .expect("a Mamba layer is a hybrid's")
+            .mamba;
+        let w = m.w;
+        let (in_dim, conv_dim, inner) = (hy.in_proj_dim(), hy.conv_dim(), hy.inner());
+        let split = plan::mamba_ssm_split(hy.d_state).expect("checked at load");
+        let i = |v: usize| v as i32;
+        let dt_min = if m.prefill { hy.time_step_min } else { 0.0 };
+        launch!(&self.f.mamba_conv, &self.stream, self.pdl,
+            ((conv_dim as u32).div_ceil(128), m.seqs as u32, 1), 128, 0;
+            m.zxbcdt, i(m.steps), i(in_dim), i(inner), i(conv_dim), i(hy.conv_kernel), w.conv_w.ptr,
+            ptr_or_null(&w.conv_b), self.conv_state[w.state].ptr, m.slots, m.positions, m.xbc)?;
+        self.mark("mamba_conv", 0)?;
+        launch!(&self.f.mamba_ssm, &self.stream, self.pdl,
+            (hy.num_heads as u32, m.seqs as u32, 1), (hy.head_dim * split) as u32, 0;
+            m.zxbcdt, m.xbc, i(m.steps), i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
+            i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), w.dt_bias.ptr, w.a.ptr, w.d.ptr,
+            self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
+        self.mark("mamba_ssm", 0)?;
+        launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,
+            (hy.n_groups as u32, (m.seqs * m.steps) as u32, 1), 256, 0;
+            m.y, m.zxbcdt, i(in_dim), i(inner), i(hy.n_groups), w.gate_norm.ptr, hy.eps, m.out_f32,
+            m.out_bf16)?;
+        self.mark("mamba_gated_norm", 0)
+    }
+
+    /// relu(x)^2 of `n` values of `x` into f32 and/or bf16 (0 = not written).
+    pub(super) fn relu2(&self, x: u64, n: usize, out_f32: u64, out_bf16: u64) -> Result<()> {
+        launch!(&self.f.relu2, &self.stream, self.pdl, ((n as u32).div_ceil(256), 1, 1), 256, 0;
+            x, n as i32, out_f32, out_bf16)?;
+        self.mark("relu2", 0)
     }
 
     /// The verify request's score of `batch` rows whose normalised last hidden states are `xn`

@@ -33,7 +33,7 @@ pub const MAX_SPLITS: usize = 32;
 pub const MMA_U: usize = 4;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 7] = [
+pub const KERNEL_DEFINES: [(&str, usize); 9] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
     ("ATT_WARPS", ATT_WARPS),
@@ -41,7 +41,29 @@ pub const KERNEL_DEFINES: [(&str, usize); 7] = [
     ("ATT_SPLIT_MIN", ATT_SPLIT_MIN),
     ("ATT_MAX_SPLITS", MAX_SPLITS),
     ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+    ("MAMBA_MAX_WINDOW", MAMBA_MAX_WINDOW),
+    ("MAMBA_SSM_PER", MAMBA_SSM_PER),
 ];
+
+/// The longest conv window (`conv_kernel - 1`) the Mamba conv kernel keeps in registers.
+pub const MAMBA_MAX_WINDOW: usize = 7;
+/// Most SSM state values one thread of `mamba_ssm` keeps in registers (mamba.cu).
+pub const MAMBA_SSM_PER: usize = 32;
+
+/// Threads per channel of `mamba_ssm`: the least power of two that leaves each at most
+/// [`MAMBA_SSM_PER`] of the channel's `d_state` values, so the state stays in registers (4 for
+/// Nemotron-H-8B's 128: 256 threads per head of 64 channels). `None` where `d_state` does not
+/// split evenly that way.
+pub fn mamba_ssm_split(d_state: usize) -> Option<usize> {
+    let mut s = 1;
+    while s <= 32 {
+        if d_state % s == 0 && d_state / s <= MAMBA_SSM_PER {
+            return Some(s);
+        }
+        s *= 2;
+    }
+    None
+}
 
 /// The decode GEMV kernels of gemv.cu, each compiled for 1..=[`MAX_GEMV_BATCH`] activation rows
 /// as `gemv_m{number}_b{batch}` (the number is gemv.cu's `MODE`).
@@ -146,6 +168,56 @@ pub fn check_model(cfg: &ModelConfig) -> Result<()> {
              --device cpu"
                 .into(),
         );
+    }
+    match &cfg.hybrid {
+        Some(h) => check_mamba(&h.mamba),
+        None => Ok(()),
+    }
+}
+
+/// The Mamba-2 mixer's sizes against the kernels' (mamba.cu) assumptions.
+fn check_mamba(m: &crate::hybrid::Mamba) -> Result<()> {
+    let fail = |message: String| Err(Error::Load { message });
+    if m.proj_bias {
+        return fail(
+            "use_bias = true (biases on the Mamba in_proj and out_proj) is not implemented on \
+             the CUDA backend; use --device cpu"
+                .into(),
+        );
+    }
+    if m.conv_kernel - 1 > MAMBA_MAX_WINDOW {
+        return fail(format!(
+            "conv_kernel = {} exceeds the CUDA conv kernel's window of {} past inputs",
+            m.conv_kernel, MAMBA_MAX_WINDOW
+        ));
+    }
+    let Some(split) = mamba_ssm_split(m.d_state) else {
+        return fail(format!(
+            "ssm_state_size = {} does not split into at most 32 power-of-two parts of at most \
+             {MAMBA_SSM_PER} values, which the CUDA SSM kernel keeps in registers",
+            m.d_state
+        ));
+    };
+    let threads = m.head_dim * split;
+    if threads > 1024 || (split > 1 && threads % 32 != 0) {
+        return fail(format!(
+            "mamba_head_dim = {} with ssm_state_size = {} needs {threads} threads per head in the \
+             CUDA SSM kernel: at most 1,024, in whole warps",
+            m.head_dim, m.d_state
+        ));
+    }
+    if m.inner() % 8 != 0 {
+        return fail(format!(
+            "mamba_num_heads x mamba_head_dim = {} is not a multiple of 8; the CUDA GEMV reads \
+             weight rows 16 bytes at a time",
+            m.inner()
+        ));
+    }
+    if m.ssm_cache_dtype != "float32" {
+        return fail(format!(
+            "mamba_ssm_cache_dtype = {:?}: the CUDA backend keeps the SSM state in float32 only",
+            m.ssm_cache_dtype
+        ));
     }
     Ok(())
 }
@@ -314,13 +386,33 @@ pub struct DecodeLayout {
     /// Attention's arrival tickets, one per (sequence, KV head).
     pub counts: usize,
     pub tables: usize,
+    /// A hybrid's Mamba mixer (0 without one): in_proj's output, the conv's output, the SSM's
+    /// output, and the gated norm's (out_proj's input).
+    pub zxbcdt: usize,
+    pub xbc: usize,
+    pub ssm_y: usize,
+    pub gated: usize,
+}
+
+/// Per-row widths of the Mamba mixer's buffers: in_proj's output, the conv's, the SSM's inner
+/// (0 for a model without Mamba layers).
+fn mamba_widths(cfg: &ModelConfig) -> (usize, usize, usize) {
+    cfg.hybrid.as_ref().map_or((0, 0, 0), |h| {
+        let m = &h.mamba;
+        (m.in_proj_dim(), m.conv_dim(), m.inner())
+    })
 }
 
 impl DecodeLayout {
     pub fn new(cfg: &ModelConfig, pool: &PoolShape, max_batch: usize) -> Self {
         let max_blocks = cfg.max_position_embeddings.div_ceil(pool.block_size);
         let qkv_width = cfg.q_dim() + 2 * cfg.kv_dim();
+        let (in_dim, conv_dim, inner) = mamba_widths(cfg);
         Self {
+            zxbcdt: max_batch * in_dim,
+            xbc: max_batch * conv_dim,
+            ssm_y: max_batch * inner,
+            gated: max_batch * inner,
             max_batch,
             max_blocks,
             x: max_batch * cfg.hidden_size,
@@ -346,7 +438,11 @@ impl DecodeLayout {
             + self.part_ml
             + self.counts
             + self.tables
-            + 3 * self.max_batch)
+            + self.zxbcdt
+            + self.xbc
+            + self.ssm_y
+            + self.gated
+            + 4 * self.max_batch)
     }
 }
 
@@ -363,11 +459,21 @@ pub struct PrefillLayout {
     pub part_o: usize,
     pub part_ml: usize,
     pub counts: usize,
+    /// As [`DecodeLayout`]'s; the gated norm's output is bf16 here (out_proj's GEMM input).
+    pub zxbcdt: usize,
+    pub xbc: usize,
+    pub ssm_y: usize,
+    pub gated_bf16: usize,
 }
 
 impl PrefillLayout {
     pub fn new(cfg: &ModelConfig, rows: usize) -> Self {
+        let (in_dim, conv_dim, inner) = mamba_widths(cfg);
         Self {
+            zxbcdt: rows * in_dim,
+            xbc: rows * conv_dim,
+            ssm_y: rows * inner,
+            gated_bf16: rows * inner,
             rows,
             x: rows * cfg.hidden_size,
             xn_bf16: rows * cfg.hidden_size,
@@ -388,8 +494,11 @@ impl PrefillLayout {
             + self.part_o
             + self.part_ml
             + self.counts
+            + self.zxbcdt
+            + self.xbc
+            + self.ssm_y
             + 3 * self.rows)
-            + 2 * (self.xn_bf16 + self.attn_bf16 + self.act_bf16)
+            + 2 * (self.xn_bf16 + self.attn_bf16 + self.act_bf16 + self.gated_bf16)
     }
 }
 
@@ -405,17 +514,26 @@ pub fn check_fits(
     let scratch = DecodeLayout::new(cfg, pool, max_batch).bytes()
         + PrefillLayout::new(cfg, PREFILL_CHUNK).bytes()
         + cfg.vocab_size * 4;
-    let need = weights + pool.bytes() + scratch;
+    let need = weights + pool.bytes() + pool.state_bytes() + scratch;
     if need > free {
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         return Err(Error::Load {
             message: format!(
                 "the model does not fit the GPU: weights {:.2} GiB + KV pool {:.2} GiB \
-                 ({} blocks) + scratch {:.2} GiB = {:.2} GiB, but {:.2} GiB of {:.2} GiB are \
+                 ({} blocks){} + scratch {:.2} GiB = {:.2} GiB, but {:.2} GiB of {:.2} GiB are \
                  free; free the GPU or lower --num-blocks / --kv-cache-memory",
                 gib(weights),
                 gib(pool.bytes()),
                 pool.num_blocks,
+                if pool.state_slots > 0 {
+                    format!(
+                        " + recurrent states {:.2} GiB ({} slots; --max-batch sets them)",
+                        gib(pool.state_bytes()),
+                        pool.state_slots
+                    )
+                } else {
+                    String::new()
+                },
                 gib(scratch),
                 gib(need),
                 gib(free),
@@ -652,6 +770,46 @@ mod tests {
             .to_string()
             .contains("intermediate_size = 8190"));
         assert!(check_model(&llama_1b()).is_ok());
+    }
+
+    #[test]
+    fn nemotron_h_8b_fits_the_kernels_and_its_mamba_buffers_are_sized() {
+        let c =
+            ModelConfig::parse(include_str!("../../tests/data/nemotron-h-8b-config.json")).unwrap();
+        check_model(&c).unwrap();
+        // d_state 128: four threads per channel of 32 state values each, 256 per head.
+        assert_eq!(mamba_ssm_split(128), Some(4));
+        assert_eq!(mamba_ssm_split(32), Some(1));
+        assert_eq!(mamba_ssm_split(16), Some(1));
+        assert_eq!(mamba_ssm_split(96), Some(4));
+        assert_eq!(mamba_ssm_split(2048), None);
+        assert_eq!(mamba_ssm_split(1000), None);
+        let pool = resolve_pool(&c, 16, PoolSize::Blocks(100), 2).unwrap();
+        let d = DecodeLayout::new(&c, &pool, 8);
+        // in_proj: z 8192 + x B C (8192 + 2 x 8 x 128) + dt 128.
+        assert_eq!(d.zxbcdt, 8 * 18560);
+        assert_eq!((d.xbc, d.ssm_y, d.gated), (8 * 10240, 8 * 8192, 8 * 8192));
+        let p = PrefillLayout::new(&c, 1024);
+        assert_eq!((p.zxbcdt, p.gated_bf16), (1024 * 18560, 1024 * 8192));
+        // A Llama has none of them.
+        assert_eq!(DecodeLayout::new(&llama_1b(), &pool, 8).zxbcdt, 0);
+        // What the kernels cannot do is named.
+        let mut odd = c.clone();
+        odd.hybrid.as_mut().unwrap().mamba.d_state = 1000;
+        let e = check_model(&odd).unwrap_err().to_string();
+        assert!(e.contains("ssm_state_size = 1000"), "{e}");
+        let mut wide = c.clone();
+        wide.hybrid.as_mut().unwrap().mamba.head_dim = 512;
+        let e = check_model(&wide).unwrap_err().to_string();
+        assert!(e.contains("2048 threads per head"), "{e}");
+        let mut biased = c.clone();
+        biased.hybrid.as_mut().unwrap().mamba.proj_bias = true;
+        let e = check_model(&biased).unwrap_err().to_string();
+        assert!(e.contains("use_bias = true"), "{e}");
+        let mut long = c;
+        long.hybrid.as_mut().unwrap().mamba.conv_kernel = 9;
+        let e = check_model(&long).unwrap_err().to_string();
+        assert!(e.contains("conv_kernel = 9"), "{e}");
     }
 
     #[test]

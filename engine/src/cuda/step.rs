@@ -6,7 +6,8 @@ use cudarc::driver::sys;
 
 use super::backend::{CudaBackend, RowState};
 use super::device::driver_err;
-use super::ops::{Attention, Gemv, Paging};
+use super::load::Mixer;
+use super::ops::{Attention, Gemv, Mamba, Paging};
 use super::plan::{self, GemvMode};
 use crate::backend::DecodeItem;
 use crate::error::{Error, Result};
@@ -28,32 +29,63 @@ impl CudaBackend {
             max_blocks: d.layout.max_blocks,
         };
         use GemvMode::{Norm, NormSwiglu, Residual};
-        for (li, l) in self.layers.iter().enumerate() {
+        for l in &self.layers {
             // RMSNorm is folded into the GEMVs that read the residual stream (norm, gate/up).
-            let qkv = Gemv::new("gemv_qkv", Norm, &l.qkv, d.x.ptr, d.qkv.ptr).norm(&l.input_norm);
-            self.gemv(&qkv, batch, 0)?;
-            self.attention(&Attention {
-                layer: li,
-                qkv: d.qkv.ptr,
-                rows: batch,
-                splits: plan::MAX_SPLITS,
-                paging,
-                part_o: d.part_o.ptr,
-                part_ml: d.part_ml.ptr,
-                counts: d.counts.ptr,
-                out_f32: d.attn.ptr,
-                out_bf16: 0,
-                rope: true,
-            })?;
-            self.gemv(
-                &Gemv::new("gemv_o", Residual, &l.o, d.attn.ptr, d.x.ptr),
-                batch,
-                0,
-            )?;
-            let gate_up = Gemv::new("gemv_gate_up", NormSwiglu, &l.gate_up, d.x.ptr, d.act.ptr);
-            self.gemv(&gate_up.norm(&l.post_norm), batch, 0)?;
-            let down = Gemv::new("gemv_down", Residual, &l.down, d.act.ptr, d.x.ptr);
-            self.gemv(&down, batch, 0)?;
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    let qkv = Gemv::new("gemv_qkv", Norm, &a.qkv, d.x.ptr, d.qkv.ptr);
+                    self.gemv(&qkv.norm(&l.norm), batch, 0)?;
+                    self.attention(&Attention {
+                        w: a,
+                        qkv: d.qkv.ptr,
+                        rows: batch,
+                        splits: plan::MAX_SPLITS,
+                        paging,
+                        part_o: d.part_o.ptr,
+                        part_ml: d.part_ml.ptr,
+                        counts: d.counts.ptr,
+                        out_f32: d.attn.ptr,
+                        out_bf16: 0,
+                        rope: true,
+                    })?;
+                    let o = Gemv::new("gemv_o", Residual, &a.o, d.attn.ptr, d.x.ptr);
+                    self.gemv(&o, batch, 0)?;
+                }
+                Mixer::Mlp(m) if m.swiglu => {
+                    let gate_up = Gemv::new("gemv_gate_up", NormSwiglu, &m.up, d.x.ptr, d.act.ptr);
+                    self.gemv(&gate_up.norm(&l.norm), batch, 0)?;
+                    let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
+                    self.gemv(&down, batch, 0)?;
+                }
+                Mixer::Mlp(m) => {
+                    let up = Gemv::new("gemv_up", Norm, &m.up, d.x.ptr, d.act.ptr);
+                    self.gemv(&up.norm(&l.norm), batch, 0)?;
+                    self.relu2(d.act.ptr, batch * m.up.rows, d.act.ptr, 0)?;
+                    let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
+                    self.gemv(&down, batch, 0)?;
+                }
+                Mixer::Mamba(m) => {
+                    let in_proj =
+                        Gemv::new("gemv_in_proj", Norm, &m.in_proj, d.x.ptr, d.zxbcdt.ptr);
+                    self.gemv(&in_proj.norm(&l.norm), batch, 0)?;
+                    self.mamba(&Mamba {
+                        w: m,
+                        zxbcdt: d.zxbcdt.ptr,
+                        xbc: d.xbc.ptr,
+                        y: d.ssm_y.ptr,
+                        seqs: batch,
+                        steps: 1,
+                        slots: d.slots.ptr,
+                        positions: d.positions.ptr,
+                        prefill: false,
+                        out_f32: d.gated.ptr,
+                        out_bf16: 0,
+                    })?;
+                    let out =
+                        Gemv::new("gemv_out_proj", Residual, &m.out_proj, d.gated.ptr, d.x.ptr);
+                    self.gemv(&out, batch, 0)?;
+                }
+            }
         }
         // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
@@ -94,6 +126,7 @@ impl CudaBackend {
             .iter()
             .map(|it| RowState {
                 first_block: it.table.blocks[0],
+                slot: it.table.state_slot,
                 position: it.position,
                 token: it.token,
             })
@@ -102,9 +135,11 @@ impl CudaBackend {
             // The batch changed: upload its tokens, positions and block tables.
             let mb = self.dec.layout.max_blocks;
             let mut pos = Vec::with_capacity(batch);
+            let mut slots = Vec::with_capacity(batch);
             for (r, it) in items.iter().enumerate() {
                 self.host_tokens[r] = it.token as i32;
                 pos.push(it.position as i32);
+                slots.push(it.table.state_slot.unwrap_or(0) as i32);
                 let row = &mut self.host_tables[r * mb..(r + 1) * mb];
                 row.fill(0);
                 for (dst, &b) in row.iter_mut().zip(&it.table.blocks) {
@@ -113,6 +148,7 @@ impl CudaBackend {
             }
             self.dec.tokens.write(0, &self.host_tokens[..batch])?;
             self.dec.positions.write(0, &pos)?;
+            self.dec.slots.write(0, &slots)?;
             self.dec.tables.write(0, &self.host_tables[..batch * mb])?;
         }
         Ok(wanted)
