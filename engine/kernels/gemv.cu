@@ -7,6 +7,8 @@
 // MODE 1: y += W x                       (o_proj, down_proj: add into the residual stream)
 // MODE 3: y = W RMSNorm(x), with gain `gamma` (q/k/v; the norm computed by every block)
 // MODE 4: y[j] = silu(W[j] n) * (W[rows + j] n), n = RMSNorm(x)   (gate and up stacked: SwiGLU)
+// MODE 10: y = relu(W n)^2, n = RMSNorm(x)   (Nemotron-H's MLP up)
+// MODE 8, 9, 11: 3, 4 and 10 on the tensor cores (gemv_mma).
 // MODE 7: as 1, on the tensor cores (gemv_mma): the residual GEMVs of 4,096 rows or more.
 // MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
 //         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head).
@@ -218,7 +220,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                             int ksplit, const bf16* __restrict__ gamma, float eps) {
     constexpr int WARPS = GEMV_WARPS;
-    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr bool NORM = MODE == 3 || MODE == 4 || MODE == 10;
     constexpr int NW = MODE == 4 ? 2 : 1;
     __shared__ float red[2][WARPS][NW][B];
     __shared__ float ssr[WARPS][B];
@@ -347,6 +349,9 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
                         *out = gg / (1.0f + expf(-gg)) * uu;
                     } else if (MODE == 1) {
                         *out += acc[0][0][b];
+                    } else if (MODE == 10) {
+                        const float r = fmaxf(acc[0][0][b] * inv, 0.0f);
+                        *out = r * r;
                     } else {
                         *out = acc[0][0][b] * inv;
                     }
@@ -372,7 +377,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     }
 // Mode 6: gate/up (4) with VK = 2.
 #define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 1, G) GEMV_STREAM_KERNEL(B, 3, G) \
-    GEMV_STREAM_KERNEL(B, 4, G) GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2)
+    GEMV_STREAM_KERNEL(B, 4, G) GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2) GEMV_STREAM_KERNEL(B, 10, G)
 GEMV_STREAM_MODES(1, 4)
 GEMV_STREAM_MODES(2, 2)
 GEMV_STREAM_MODES(3, 2)
@@ -429,7 +434,7 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
                                          float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                          int ksplit, const bf16* __restrict__ gamma, float eps) {
     constexpr int WARPS = GEMV_WARPS;
-    constexpr bool NORM = MODE == 3 || MODE == 4;
+    constexpr bool NORM = MODE == 3 || MODE == 4 || MODE == 10;
     constexpr int NW = MODE == 4 ? 2 : 1;
     __shared__ float red[2][WARPS][NW][4][32];
     __shared__ float ssr[WARPS][B];
@@ -539,6 +544,9 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
                             *out = gg / (1.0f + expf(-gg)) * uu;
                         } else if (MODE == 1) {
                             *out += d[0][i];
+                        } else if (MODE == 10) {
+                            const float r = fmaxf(d[0][i], 0.0f);
+                            *out = r * r;
                         } else {
                             *out = d[0][i];
                         }
@@ -560,6 +568,34 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
         float2* __restrict__ parts) {                                                              \
         gemv_mma<B, 1, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
     }
+// MODE 8, 9 and 11: the norm (3), gate/up (4) and relu2 (10) modes on the tensor cores.
+#define GEMV_MMA_NORM_KERNELS(B)                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m8_b##B(                    \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
+        float2* __restrict__ parts) {                                                              \
+        gemv_mma<B, 3, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m9_b##B(                    \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
+        float2* __restrict__ parts) {                                                              \
+        gemv_mma<B, 4, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m11_b##B(                   \
+        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
+        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
+        float2* __restrict__ parts) {                                                              \
+        gemv_mma<B, 10, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
+    }
+GEMV_MMA_NORM_KERNELS(1)
+GEMV_MMA_NORM_KERNELS(2)
+GEMV_MMA_NORM_KERNELS(3)
+GEMV_MMA_NORM_KERNELS(4)
+GEMV_MMA_NORM_KERNELS(5)
+GEMV_MMA_NORM_KERNELS(6)
+GEMV_MMA_NORM_KERNELS(7)
+GEMV_MMA_NORM_KERNELS(8)
 GEMV_MMA_KERNEL(1)
 GEMV_MMA_KERNEL(2)
 GEMV_MMA_KERNEL(3)

@@ -10,6 +10,11 @@
 // (SSD) form of transformers and vLLM sums the same recurrence in another order.
 //
 // zxbcdt: in_proj's output per row, [rows][in_dim]: z (inner), x B C (conv_dim), dt (heads).
+//
+// The slots, positions and states are read before pdl_wait (common.cuh): no kernel of the same
+// step or prefill chunk writes them before this one (the states are this layer's own), and every
+// step and chunk before it has finished, the host having read its tokens or synchronised
+// (cuda/backend.rs), so the state's loads overlap the kernel before.
 
 // MAMBA_MAX_WINDOW (the longest conv window a thread keeps in registers, conv_kernel - 1) and
 // MAMBA_SSM_PER (state values per thread of the SSM kernel, d_state / split) are plan.rs's.
@@ -31,11 +36,11 @@ extern "C" __global__ void mamba_conv(const float* __restrict__ zxbcdt, int step
     float w[MAMBA_MAX_WINDOW + 1];
     for (int j = 0; j < k; j++) w[j] = bf2f(conv_w[(size_t)c * k + j]);
     const float bias = conv_b ? bf2f(conv_b[c]) : 0.0f;
-    pdl_wait();
     float* st = conv_state + ((size_t)slots[s] * conv_dim + c) * (k - 1);
     const bool fresh = positions[s * steps] == 0;
     float win[MAMBA_MAX_WINDOW];
     for (int j = 0; j < k - 1; j++) win[j] = fresh ? 0.0f : st[j];
+    pdl_wait();
     for (int t = 0; t < steps; t++) {
         const size_t row = (size_t)s * steps + t;
         const float x = zxbcdt[row * in_dim + inner + c];
@@ -72,13 +77,13 @@ extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const flo
     const int per = n_state / split, n0 = q * per;
     const float ah = a[h], dh = d[h], dtb = dt_bias[h];
     const int g = h / (heads / groups);
-    pdl_wait();
     float* st = ssm_state + ((size_t)slots[s] * heads + h) * n_state * hd + i;
     const bool fresh = positions[s * steps] == 0;
     float v[MAMBA_SSM_PER];
 #pragma unroll
     for (int j = 0; j < MAMBA_SSM_PER; j++)
         if (j < per) v[j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd];
+    pdl_wait();
     for (int t = 0; t < steps; t++) {
         const size_t row = (size_t)s * steps + t;
         const float* zr = zxbcdt + row * in_dim;

@@ -82,17 +82,29 @@ pub enum GemvMode {
     NormSwigluOneWarp,
     /// [`GemvMode::Residual`] on the tensor cores (7).
     ResidualMma,
+    /// [`GemvMode::Norm`] on the tensor cores (8).
+    NormMma,
+    /// [`GemvMode::NormSwiglu`] on the tensor cores (9).
+    NormSwigluMma,
+    /// y = relu(W RMSNorm(x))^2: Nemotron-H's MLP up with its activation (10).
+    NormRelu2,
+    /// [`GemvMode::NormRelu2`] on the tensor cores (11).
+    NormRelu2Mma,
 }
 
 impl GemvMode {
     /// Every mode the engine launches, in the order of [`GemvMode::index`].
-    pub const ALL: [GemvMode; 6] = [
+    pub const ALL: [GemvMode; 10] = [
         Self::Residual,
         Self::Norm,
         Self::NormSwiglu,
         Self::LmHead,
         Self::NormSwigluOneWarp,
         Self::ResidualMma,
+        Self::NormMma,
+        Self::NormSwigluMma,
+        Self::NormRelu2,
+        Self::NormRelu2Mma,
     ];
 
     /// gemv.cu's `MODE`, in the kernel's name.
@@ -104,6 +116,10 @@ impl GemvMode {
             Self::LmHead => 5,
             Self::NormSwigluOneWarp => 6,
             Self::ResidualMma => 7,
+            Self::NormMma => 8,
+            Self::NormSwigluMma => 9,
+            Self::NormRelu2 => 10,
+            Self::NormRelu2Mma => 11,
         }
     }
 
@@ -123,7 +139,7 @@ impl GemvMode {
     /// Weight rows read per output row: gate/up reads a gate and an up row.
     pub fn weight_rows(self) -> usize {
         match self {
-            Self::NormSwiglu | Self::NormSwigluOneWarp => 2,
+            Self::NormSwiglu | Self::NormSwigluOneWarp | Self::NormSwigluMma => 2,
             _ => 1,
         }
     }
@@ -314,6 +330,21 @@ pub fn gemv_launch(rows: usize, cols: usize, mode: GemvMode, batch: usize) -> Ge
             ksplit: MMA_KSPLIT,
             units: rows / MMA_TILE_ROWS,
         };
+    }
+    if gemv_on_tensor_cores(rows, cols) {
+        let mma = match mode {
+            GemvMode::Norm => Some(GemvMode::NormMma),
+            GemvMode::NormSwiglu => Some(GemvMode::NormSwigluMma),
+            GemvMode::NormRelu2 => Some(GemvMode::NormRelu2Mma),
+            _ => None,
+        };
+        if let Some(mode) = mma {
+            return GemvLaunch {
+                mode,
+                ksplit: MMA_KSPLIT,
+                units: rows / MMA_TILE_ROWS,
+            };
+        }
     }
     let gate_up = mode == GemvMode::NormSwiglu;
     let k = gemv_ksplit(rows, cols, gate_up);
@@ -662,7 +693,7 @@ mod tests {
     #[test]
     fn gemv_modes_are_gemv_cu_modes_in_one_order() {
         let numbers: Vec<usize> = GemvMode::ALL.iter().map(|m| m.number()).collect();
-        assert_eq!(numbers, [1, 3, 4, 5, 6, 7]);
+        assert_eq!(numbers, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
         for (i, m) in GemvMode::ALL.iter().enumerate() {
             assert_eq!(m.index(), i);
         }
@@ -679,25 +710,25 @@ mod tests {
             ksplit,
             units,
         };
-        // Llama-3.1-8B gate/up: two warps at batch 1, one warp with both slices at 2-8; the
-        // numerics (two slices) are the same at every batch.
+        // Qwen2.5-7B gate/up (K = 3,584: not in whole tensor-core steps): two warps at batch 1,
+        // one warp with both slices at 2-8; the numerics (two slices) are the same at every batch.
         assert_eq!(
-            gemv_launch(14336, 4096, NormSwiglu, 1),
-            l(NormSwiglu, 2, 14336)
+            gemv_launch(18944, 3584, NormSwiglu, 1),
+            l(NormSwiglu, 2, 18944)
         );
         for batch in 2..=MAX_GEMV_BATCH {
             assert_eq!(
-                gemv_launch(14336, 4096, NormSwiglu, batch),
-                l(NormSwigluOneWarp, 1, 14336)
+                gemv_launch(18944, 3584, NormSwiglu, batch),
+                l(NormSwigluOneWarp, 1, 18944)
             );
         }
         // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
             assert_eq!(
-                gemv_launch(4096, 1024, NormSwiglu, batch),
-                l(NormSwiglu, 2, 4096)
+                gemv_launch(2048, 1024, NormSwiglu, batch),
+                l(NormSwiglu, 2, 2048)
             );
-            assert_eq!(gemv_launch(6144, 4096, Norm, batch), l(Norm, 2, 6144));
+            assert_eq!(gemv_launch(3072, 2048, Norm, batch), l(Norm, 2, 3072));
             assert_eq!(
                 gemv_launch(2048, 8192, Residual, batch),
                 l(Residual, 2, 2048)
@@ -710,20 +741,27 @@ mod tests {
     }
 
     #[test]
-    fn tall_residual_gemvs_run_on_the_tensor_cores_at_every_batch() {
-        // Llama-3.1-8B o and down: mode 7, 16-row tiles, 8 warps per tile, at every batch.
+    fn tall_gemvs_run_on_the_tensor_cores_at_every_batch() {
+        use GemvMode::*;
+        // Llama-3.1-8B o, down, q/k/v, gate/up; Nemotron-H-8B in_proj, MLP up, out_proj: 16-row
+        // tiles, 8 warps per tile, at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
-            for (rows, cols) in [(4096, 4096), (4096, 14336), (8192, 28672)] {
+            for (rows, cols, mode, mma) in [
+                (4096, 4096, Residual, ResidualMma),
+                (4096, 14336, Residual, ResidualMma),
+                (8192, 28672, Residual, ResidualMma),
+                (6144, 4096, Norm, NormMma),
+                (14336, 4096, NormSwiglu, NormSwigluMma),
+                (18560, 4096, Norm, NormMma),
+                (21504, 4096, NormRelu2, NormRelu2Mma),
+                (4096, 8192, Residual, ResidualMma),
+            ] {
                 let want = GemvLaunch {
-                    mode: GemvMode::ResidualMma,
+                    mode: mma,
                     ksplit: MMA_KSPLIT,
                     units: rows / MMA_TILE_ROWS,
                 };
-                assert_eq!(
-                    gemv_launch(rows, cols, GemvMode::Residual, batch),
-                    want,
-                    "{rows}x{cols}"
-                );
+                assert_eq!(gemv_launch(rows, cols, mode, batch), want, "{rows}x{cols}");
             }
         }
         // Llama-3.2-1B's o and down, Qwen2.5-0.5B's, a K not in whole steps of 8 warps x 128,
@@ -736,19 +774,10 @@ mod tests {
             (4104, 4096),
         ] {
             assert!(!gemv_on_tensor_cores(rows, cols), "{rows}x{cols}");
-            assert_eq!(
-                gemv_launch(rows, cols, GemvMode::Residual, 1).mode,
-                GemvMode::Residual
-            );
+            assert_eq!(gemv_launch(rows, cols, Residual, 1).mode, Residual);
         }
-        assert_eq!(
-            gemv_launch(4096, 4096, GemvMode::Norm, 1).mode,
-            GemvMode::Norm
-        );
-        assert_ne!(
-            gemv_launch(14336, 4096, GemvMode::NormSwiglu, 1).mode,
-            GemvMode::ResidualMma
-        );
+        assert_eq!(gemv_launch(2048, 2048, Norm, 1).mode, Norm);
+        assert_eq!(gemv_launch(2048, 2048, NormRelu2, 1).mode, NormRelu2);
         // Its persistent grid: 256 tiles of the 8B's o in groups of one tile per block, on as many
         // blocks as are resident (two per SM on 132 SMs) in the fewest rounds.
         assert_eq!(gemv_grid(4096 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);

@@ -28,7 +28,7 @@ impl CudaBackend {
             tables: d.tables.ptr,
             max_blocks: d.layout.max_blocks,
         };
-        use GemvMode::{Norm, NormSwiglu, Residual};
+        use GemvMode::{Norm, NormRelu2, NormSwiglu, Residual};
         for l in &self.layers {
             // RMSNorm is folded into the GEMVs that read the residual stream (norm, gate/up).
             match &l.mixer {
@@ -58,9 +58,8 @@ impl CudaBackend {
                     self.gemv(&down, batch, 0)?;
                 }
                 Mixer::Mlp(m) => {
-                    let up = Gemv::new("gemv_up", Norm, &m.up, d.x.ptr, d.act.ptr);
+                    let up = Gemv::new("gemv_up", NormRelu2, &m.up, d.x.ptr, d.act.ptr);
                     self.gemv(&up.norm(&l.norm), batch, 0)?;
-                    self.relu2(d.act.ptr, batch * m.up.rows, d.act.ptr, 0)?;
                     let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
                     self.gemv(&down, batch, 0)?;
                 }

@@ -343,6 +343,8 @@ fn judge_tallies(input: &GateInput, rec: &LegRecord, file: PathBuf, golden: &Gol
                     batches: &rules.forced,
                     other: Some(other),
                     layers: unit.model_layers(),
+                    // A golden's own implementation is held to every prompt of it.
+                    wrong: if rules.own { &[] } else { &gref.wrong },
                 },
             )
         }),
@@ -442,6 +444,16 @@ mod tests {
     /// The gate over a CPU unit (golden: transformers, cpu, float32; batch sizes 1 and 4) with
     /// `engine` and a transformers oracle that reproduced the golden.
     fn judge(engine: LegRecord) -> Vec<GateResult> {
+        judge_with(engine, vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]], "")
+    }
+
+    /// As [`judge`], the oracle's tokens `oracle_tokens`, `golden_extra` added to the golden's
+    /// entry.
+    fn judge_with(
+        engine: LegRecord,
+        oracle_tokens: Vec<Vec<u32>>,
+        golden_extra: &str,
+    ) -> Vec<GateResult> {
         // The tolerance grows with the model's depth, read from its config.json.
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("m")).unwrap();
@@ -452,8 +464,8 @@ mod tests {
         .unwrap();
         let unit = Unit::parse(
             &dir.path().join("unit.toml"),
-            "name = \"u\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\nmax_tokens = 4\nbatch_sizes = [1, 4]\n\
-             [[golden]]\nfile = \"g.json\"\n[oracle]\nbackend = \"transformers\"\n",
+            &format!("name = \"u\"\nmodel = \"m\"\n[battery]\nprompts = \"p.json\"\nmax_tokens = 4\nbatch_sizes = [1, 4]\n\
+             [[golden]]\nfile = \"g.json\"\n{golden_extra}\n[oracle]\nbackend = \"transformers\"\n"),
         )
         .unwrap();
         let mut g = golden();
@@ -465,7 +477,7 @@ mod tests {
                 "features": {"backend": backend, "device": "cpu", "dtype": "float32"}})
         };
         let ok = vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]];
-        let mut oracle = with_ready(leg(vec![(0, ok.clone())]), ready("transformers"));
+        let mut oracle = with_ready(leg(vec![(0, oracle_tokens)]), ready("transformers"));
         oracle.leg = LegName::Oracle;
         oracle.verify = vec![verified(4, vec![])];
         let mut engine = with_ready(engine, ready("cpu"));
@@ -538,6 +550,34 @@ mod tests {
                 && s.contains("its timings are printed but refused"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_prompt_the_unit_names_wrong_in_the_golden_holds_only_the_goldens_own_implementation() {
+        let wrong =
+            "wrong = [{ prompt = \"p0\", reason = \"the oracle starts p0 from stale state\" }]";
+        let far = || {
+            let mut e = leg(vec![(0, vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]])]);
+            e.verify = vec![
+                verified(1, vec![]),
+                verified(4, vec![Differ(1, 7, Some(1e-6))]),
+            ];
+            e
+        };
+        // Without the entry the engine's p0 is beyond the tolerance (as above); with it, p0 is
+        // left out of the engine's teacher forcing and said so.
+        assert!(judge_with(far(), vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]], "")[0].is_refused());
+        let v = judge_with(far(), vec![vec![1, 2, 9, 9], vec![5, 6, 7, 8]], wrong);
+        let s = &v[0].sentence;
+        assert!(!v[0].is_refused(), "{s}");
+        assert!(
+            s.contains("8/8 positions over 2 prompt(s)")
+                && s.contains("not judged, the unit naming the golden wrong there: p0 (the oracle starts p0 from stale state)"),
+            "{s}"
+        );
+        // The golden's own implementation (the oracle, at batch 1) is still held to p0.
+        assert!(v[1].is_refused(), "{}", v[1].sentence);
+        assert!(v[1].sentence.contains("p0"), "{}", v[1].sentence);
     }
 
     #[test]

@@ -75,6 +75,20 @@ pub struct GoldenRef {
     /// sharp logits), instead of teacher forcing where the golden is another implementation's.
     #[serde(default, skip_serializing_if = "is_false")]
     pub exact: bool,
+    /// Prompts whose output in this golden is known wrong (a bug of the implementation that
+    /// captured it, shown by evidence the reason names): another leg is not teacher-forced
+    /// against them; the golden's own implementation is still held to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wrong: Vec<WrongOutput>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WrongOutput {
+    /// The prompt's id in the battery's prompts file.
+    pub prompt: String,
+    /// Why the golden is wrong there, with where the evidence is.
+    pub reason: String,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{
     Battery, EngineCfg, GatesCfg, GoldenRef, KvMatch, LeaseCfg, OracleCfg, SamplerCfg, UnitFile,
-    WatchdogCfg,
+    WatchdogCfg, WrongOutput,
 };
 pub use data::{
     load_golden, load_prompts, Golden, GoldenCapture, GoldenOutput, Prompt, PromptsFile,

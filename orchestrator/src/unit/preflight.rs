@@ -219,6 +219,14 @@ fn load_goldens(
                     .map(|()| gold)
                     .map_err(|m| format!("{}: {m}", path.display())),
                 None => Ok(gold),
+            })
+            .and_then(|gold| match g.wrong.iter().find(|w| !prompts.iter().any(|p| p.id == w.prompt)) {
+                Some(w) => Err(format!(
+                    "{}: [[golden]] wrong names prompt {:?}, which the battery's prompts file does not hold; name a prompt id from it",
+                    g.file.display(),
+                    w.prompt
+                )),
+                None => Ok(gold),
             });
         match loaded {
             Ok(gold) => {

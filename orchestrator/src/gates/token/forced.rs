@@ -170,6 +170,9 @@ pub struct ForcedTally {
     pub unverified: Vec<String>,
     /// The code paths the leg verified with ("decode", "prefill").
     pub paths: Vec<String>,
+    /// Prompts left out because the unit names the golden wrong there, each with its reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_judged: Vec<String>,
 }
 
 impl ForcedTally {
@@ -193,6 +196,17 @@ impl ForcedTally {
             self.batch_list(),
             if self.paths.is_empty() { "none".into() } else { self.paths.join(", ") },
             self.within
+        ) + &self.not_judged_words()
+    }
+
+    /// `; not judged: p0, where the golden is wrong (reason)`, or nothing.
+    fn not_judged_words(&self) -> String {
+        if self.not_judged.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; not judged, the unit naming the golden wrong there: {}",
+            self.not_judged.join("; ")
         )
     }
 
@@ -219,6 +233,8 @@ pub struct ForcedInput<'a> {
     pub other: Option<&'a LegRecord>,
     /// The model's `num_hidden_layers` (config.json), which the tolerance grows with.
     pub layers: Option<u32>,
+    /// Prompts whose golden output the unit names wrong ([[golden]] `wrong`): not judged.
+    pub wrong: &'a [crate::unit::WrongOutput],
 }
 
 /// The other leg's scale at (prompt index, position), preferring the same batch size.
@@ -329,6 +345,13 @@ pub fn tally(leg: &LegRecord, inp: &ForcedInput) -> ForcedTally {
             let Some(out) = inp.golden.output(id) else {
                 continue;
             };
+            if let Some(w) = inp.wrong.iter().find(|w| &w.prompt == id) {
+                let words = format!("{} ({})", w.prompt, w.reason);
+                if !t.not_judged.contains(&words) {
+                    t.not_judged.push(words);
+                }
+                continue;
+            }
             if !t.paths.contains(&row.path) {
                 t.paths.push(row.path.clone());
             }
@@ -447,6 +470,7 @@ mod tests {
             batches: &[1, 8],
             other,
             layers: Some(16),
+            wrong: &[],
         }
     }
 

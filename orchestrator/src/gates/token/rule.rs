@@ -30,6 +30,8 @@ pub struct Rules {
     pub forced: Vec<u32>,
     /// Why the exact rows are held to exact match, in words.
     pub exact_because: Option<String>,
+    /// The golden was captured by this leg's own implementation, device and dtype.
+    pub own: bool,
 }
 
 /// The rules for `leg` against the golden `gref` names.
@@ -43,6 +45,7 @@ pub fn rules(unit: &Unit, gref: &GoldenRef, golden: &Golden, leg: &LegRecord) ->
                 "the unit marks {} exact = true (its model's logits are sharp)",
                 gref.file.display()
             )),
+            own: false,
         };
     }
     let (device, dtype) = leg_device_dtype(unit, leg);
@@ -56,6 +59,7 @@ pub fn rules(unit: &Unit, gref: &GoldenRef, golden: &Golden, leg: &LegRecord) ->
     Rules {
         exact,
         forced,
+        own: same,
         exact_because: same.then(|| {
             format!(
                 "{} was captured by the same implementation ({}) on {} in {dtype}, and these rows ran at batch 1",
