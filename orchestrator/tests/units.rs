@@ -140,3 +140,39 @@ fn every_unit_parses_and_its_prompts_fit_the_model() {
         }
     }
 }
+
+/// A [[golden]] `wrong` entry must name a prompt of the battery.
+#[test]
+fn a_golden_wrong_at_a_prompt_the_battery_lacks_is_refused() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/tiny-trained-h");
+    let d = tempfile::tempdir().unwrap();
+    for f in ["prompts.json", "golden.json", "golden-cuda-bf16.json"] {
+        std::fs::copy(src.join(f), d.path().join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink(src.join("model"), d.path().join("model")).unwrap();
+    let toml = std::fs::read_to_string(src.join("unit.toml")).unwrap();
+    let check = |toml: &str| {
+        std::fs::write(d.path().join("unit.toml"), toml).unwrap();
+        let (rep, _) = orchestrator::unit::preflight::preflight_legs(
+            &d.path().join("unit.toml"),
+            None,
+            false,
+            orchestrator::unit::LegChoice::Engine,
+        );
+        rep.failures
+            .iter()
+            .map(|f| f.message.clone())
+            .filter(|m| m.contains("wrong"))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        check(&toml).is_empty(),
+        "the committed unit names p0, which exists"
+    );
+    let bad = check(&toml.replace("prompt = \"p0\"", "prompt = \"p9\""));
+    assert!(
+        bad.len() == 1
+            && bad[0].contains("golden-cuda-bf16.json: [[golden]] wrong names prompt \"p9\""),
+        "{bad:?}"
+    );
+}

@@ -297,13 +297,14 @@ pub const MMA_TILE_ROWS: usize = 16;
 /// Least height of a residual GEMV run on the tensor cores.
 const MMA_MIN_ROWS: usize = 4096;
 
-/// Whether a residual GEMV (o_proj, down_proj) runs on the tensor cores ([`GemvMode::ResidualMma`]), from
-/// its shape alone, so that its sums are the same at every batch: 4,096 rows or more, in whole
-/// tiles, and K in whole steps of every warp. Measured on the H200 (scripts/gemv-bench): at
-/// batch 1 the 8B's o and down take 10.5 and 30.2 us there against 10.7 and 31.0 on the CUDA
-/// cores (the whole step 0.4% faster at 16 positions, 1.2% at 1,000), at batch 8 14 and 42 us
-/// against 46 and 154. The 1B's (2,048 rows) are 12-14% slower at batch 1 there and the 8B's
-/// q/k/v and gate/up 7-10%, so they stay on the CUDA cores.
+/// Whether a decode GEMV (every mode but the lm_head's) runs on the tensor cores, from its shape
+/// alone, so that its sums are the same at every batch: 4,096 rows or more, in whole tiles, and K
+/// in whole steps of every warp. Measured on the H200: the 8B's o and down at batch 1 take 10.5
+/// and 30.2 us there against 10.7 and 31.0 on the CUDA cores, at batch 8 14 and 42 us against 46
+/// and 154 (scripts/gemv-bench); Nemotron-H-8B's in_proj and MLP up 50 and 56 us against 55 and
+/// 63 at batch 1 (engine profile); Llama-3.1-8B's q/k/v and gate/up cost its step 2.6% at batch
+/// 1 and gain 1.9x at batch 8 (docs/ENGINE.md). The 1B's (2,048 rows) are 12-14% slower at batch
+/// 1 there, so they stay on the CUDA cores.
 pub fn gemv_on_tensor_cores(rows: usize, cols: usize) -> bool {
     rows >= MMA_MIN_ROWS && rows % MMA_TILE_ROWS == 0 && cols % (32 * MMA_U * MMA_KSPLIT) == 0
 }
@@ -317,8 +318,8 @@ pub struct GemvLaunch {
     pub units: usize,
 }
 
-/// How the GEMV of `mode` (residual, norm or gate/up) over `rows` x `cols` is launched at
-/// `batch`. Residual GEMVs of the shapes in [`gemv_on_tensor_cores`] run on the tensor cores.
+/// How the GEMV of `mode` (residual, norm, gate/up or relu2) over `rows` x `cols` is launched at
+/// `batch`. The shapes in [`gemv_on_tensor_cores`] run on the tensor cores.
 /// Tall gate/up sums its two slices in one warp at batch 2-8 (gemv.cu's VK = 2:
 /// [`GemvMode::NormSwigluOneWarp`]), which gives the same bits as two warps: two warps per row
 /// measured 20-25% slower there than one warp over one slice (scripts/gemv-bench). Every other
