@@ -25,8 +25,8 @@
 #             name it. Default: target/release/ as cargo built it.
 # --python    the interpreter with torch, transformers and (on PYTHONPATH) vLLM (default python3).
 # --site      vLLM's unpacked pack, put first on PYTHONPATH (default /tmp/site; "" for none).
-# --legs      the run step's legs (orchestrator run --legs; default both): `oracle` for a unit
-#             whose model the engine cannot run on the GPU yet (nemotron-h-8b).
+# --legs      the run step's legs (orchestrator run --legs; default both), e.g. `engine` for
+#             an engine-only run (a planted fault, or a speed check without vLLM).
 #
 # The orchestrator records the tree of the files it ran (tracked, and untracked ones git does not
 # ignore, less reports/), whatever HEAD names; the log says when the two differ. A plain copy of
@@ -130,25 +130,18 @@ else
 fi
 
 # --- units -------------------------------------------------------------------------------------
-# name<TAB>gpu?<TAB>golden files (space-separated)<TAB>architecture, one line per unit, from the
-# unit files and the model's config (committed, or make-checkpoint.py's for the unit's name).
+# name<TAB>gpu?<TAB>golden files (space-separated), one line per unit, from the unit files.
 unit_table=$("$py" - <<'PY'
-import importlib.util, json, pathlib, tomllib
-spec = importlib.util.spec_from_file_location("mc", "scripts/make-checkpoint.py")
-mc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mc)
+import pathlib, tomllib
 for p in sorted(pathlib.Path("goldens").glob("*/unit.toml")):
     d = tomllib.loads(p.read_text())
     gpu = d.get("engine", {}).get("device", "cpu").startswith("cuda")
     files = " ".join(g["file"] for g in d.get("golden", []))
-    cfg = p.parent / d.get("model", "model") / "config.json"
-    cfg = json.loads(cfg.read_text()) if cfg.exists() else mc.MODELS.get(p.parent.name, ({},))[0]
-    arch = (cfg.get("architectures") or ["?"])[0]
-    print(f"{p.parent.name}\t{int(gpu)}\t{files}\t{arch}")
+    print(f"{p.parent.name}\t{int(gpu)}\t{files}")
 PY
 ) || { echo "gpu-run.sh: cannot read the unit files with $py" >&2; exit 2; }
 declare -A is_unit=() is_gpu=() goldens_of=()
-while IFS=$'\t' read -r name gpu files _; do
+while IFS=$'\t' read -r name gpu files; do
     is_unit[$name]=1 is_gpu[$name]=$gpu goldens_of[$name]=$files
 done <<<"$unit_table"
 units=()

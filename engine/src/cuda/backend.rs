@@ -299,16 +299,9 @@ impl Backend for CudaBackend {
             "degraded": self.degraded,
         });
         if let Some(h) = &self.cfg.hybrid {
-            f["hybrid"] = serde_json::json!({
-                "pattern": h.pattern(),
-                "mamba_layers": h.count(crate::hybrid::Block::Mamba),
-                "attention_layers": h.count(crate::hybrid::Block::Attention),
-                "mlp_layers": h.count(crate::hybrid::Block::Mlp),
-                "ssm_state_dtype": "float32",
-                "scan": "sequential over a prefill chunk's tokens, one thread per channel and \
-                         state slice (mamba.cu)",
-                "rope": "none (zero frequencies: an exact identity rotation)",
-            });
+            f["hybrid"] = h.features(
+                "sequential over a prefill chunk's tokens, the state in registers (mamba.cu)",
+            );
         }
         f
     }

@@ -314,16 +314,8 @@ impl Backend for HybridCpuBackend {
     }
 
     fn features(&self) -> serde_json::Value {
-        let h = &self.hybrid;
         let mut f = reference_features(&self.cfg.dtype);
-        f["hybrid"] = serde_json::json!({
-            "pattern": h.pattern(),
-            "mamba_layers": h.count(Block::Mamba),
-            "attention_layers": h.count(Block::Attention),
-            "mlp_layers": h.count(Block::Mlp),
-            "ssm_state_dtype": "float32",
-            "scan": "sequential",
-        });
+        f["hybrid"] = self.hybrid.features("sequential");
         f
     }
 }

@@ -82,6 +82,20 @@ impl Hybrid {
         self.blocks.iter().filter(|b| **b == kind).count()
     }
 
+    /// The `features.hybrid` object of `ready` (docs/PROTOCOL.md): the pattern, the layer
+    /// counts, the state's dtype and how a backend scans a prompt.
+    pub fn features(&self, scan: &str) -> serde_json::Value {
+        serde_json::json!({
+            "pattern": self.pattern(),
+            "mamba_layers": self.count(Block::Mamba),
+            "attention_layers": self.count(Block::Attention),
+            "mlp_layers": self.count(Block::Mlp),
+            "ssm_state_dtype": "float32",
+            "scan": scan,
+            "rope": "none",
+        })
+    }
+
     /// The pattern as `hybrid_override_pattern` spells it.
     pub fn pattern(&self) -> String {
         self.blocks
