@@ -36,7 +36,8 @@
 # goldens, checkpoint.sha256, BENCHMARKS.md) are committed on top, so the tree follows the code.
 #
 # What a call made that belongs in the repository (records, goldens, checkpoint.sha256,
-# BENCHMARKS.md and charts) is also copied under OUT/tree/ at its path in the repository.
+# BENCHMARKS.md and charts) is also copied under OUT/tree/ at its path in the repository, and packed
+# into OUT/tree.tgz.
 #
 # Exit status: 0 every step ran and every run passed every gate; 1 every step ran, but some
 # record holds refusals (or report rejected a file); 2 a step failed (its log is named).
@@ -264,7 +265,11 @@ for u in "${units[@]}"; do
     sed -n '/^## GPU and host sampling/,$p' "$md" |
         grep -E '^- (clock:|engine:|oracle:|so |before the|pass|not applicable|\*\*REFUSED)' | sed 's/^/   /'
 done
-[ -d "$out/tree" ] && echo "-- to keep: $out/tree/ holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository"
+if [ -d "$out/tree" ]; then
+    # Also as one file: a transfer that keeps only a few files, or shallow paths, still gets them.
+    tar czf "$out/tree.tgz" -C "$out" tree
+    echo "-- to keep: $out/tree/ (and $out/tree.tgz) holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository; tar xzf --strip-components 1 at the repository root restores them"
+fi
 if [ $failed = 1 ]; then exit 2; fi
 if [ $refused = 1 ]; then exit 1; fi
 exit 0
