@@ -561,46 +561,22 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
     }
 }
 
-#define GEMV_MMA_KERNEL(B)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m7_b##B(                    \
+// gemv_m{NAME}_b{B}: gemv_mma of MODE. Engine modes 7, 8, 9 and 11 are the residual (1), norm (3),
+// gate/up (4) and relu2 (10) modes on the tensor cores.
+#define GEMV_MMA_KERNEL_AS(B, NAME, MODE)                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m##NAME##_b##B(             \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, 1, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
+        gemv_mma<B, MODE, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);          \
     }
-// MODE 8, 9 and 11: the norm (3), gate/up (4) and relu2 (10) modes on the tensor cores.
-#define GEMV_MMA_NORM_KERNELS(B)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m8_b##B(                    \
-        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
-        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
-        float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, 3, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m9_b##B(                    \
-        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
-        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
-        float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, 4, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);             \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m11_b##B(                   \
-        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
-        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
-        float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, 10, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);            \
-    }
-GEMV_MMA_NORM_KERNELS(1)
-GEMV_MMA_NORM_KERNELS(2)
-GEMV_MMA_NORM_KERNELS(3)
-GEMV_MMA_NORM_KERNELS(4)
-GEMV_MMA_NORM_KERNELS(5)
-GEMV_MMA_NORM_KERNELS(6)
-GEMV_MMA_NORM_KERNELS(7)
-GEMV_MMA_NORM_KERNELS(8)
-GEMV_MMA_KERNEL(1)
-GEMV_MMA_KERNEL(2)
-GEMV_MMA_KERNEL(3)
-GEMV_MMA_KERNEL(4)
-GEMV_MMA_KERNEL(5)
-GEMV_MMA_KERNEL(6)
-GEMV_MMA_KERNEL(7)
-GEMV_MMA_KERNEL(8)
+#define GEMV_MMA_KERNELS(B) GEMV_MMA_KERNEL_AS(B, 7, 1) GEMV_MMA_KERNEL_AS(B, 8, 3) \
+    GEMV_MMA_KERNEL_AS(B, 9, 4) GEMV_MMA_KERNEL_AS(B, 11, 10)
+GEMV_MMA_KERNELS(1)
+GEMV_MMA_KERNELS(2)
+GEMV_MMA_KERNELS(3)
+GEMV_MMA_KERNELS(4)
+GEMV_MMA_KERNELS(5)
+GEMV_MMA_KERNELS(6)
+GEMV_MMA_KERNELS(7)
+GEMV_MMA_KERNELS(8)

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{battery, battery_with_margins, model_dir, Leg, Verified, CUDA_UNITS};
+use common::{battery, battery_with_margins, model_dir, Leg, Verified, UNITS};
 use serde_json::{json, Value};
 
 fn gpu() -> bool {
@@ -36,7 +36,7 @@ fn cuda_leg_is_clean_and_batch_invariant() {
     if !gpu() {
         return;
     }
-    for unit in CUDA_UNITS {
+    for unit in UNITS {
         let (prompts, golden, max_tokens, margins) = battery_with_margins(unit, "golden.json");
         let mut runs = Vec::new();
         for env in [&[][..], &[("ENGINE_NO_CUDA_GRAPHS", "1")][..]] {
@@ -165,7 +165,7 @@ fn cuda_verify_of_its_own_tokens_has_no_gap() {
     if !gpu() {
         return;
     }
-    for unit in CUDA_UNITS {
+    for unit in UNITS {
         let (prompts, _, max_tokens, _) = battery_with_margins(unit, "golden.json");
         for env in [&[][..], &[("ENGINE_NO_CUDA_GRAPHS", "1")][..]] {
             let mut leg = Leg::start_with_env(

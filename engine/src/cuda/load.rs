@@ -597,7 +597,7 @@ fn upload_weights(cfg: &ModelConfig, ckpt: &Checkpoint, faults: &Faults) -> Resu
         plan.push(("lm_head.weight".into(), &head.buf, 0, Upload::Bf16));
     }
     if cfg.hybrid.is_some() {
-        hybrid_plan(&layers, &mut plan);
+        hybrid_plan(cfg, &layers, &mut plan);
     } else {
         llama_plan(cfg, &layers, &mut plan);
     }
@@ -672,19 +672,15 @@ fn llama_sublayers(cfg: &ModelConfig, faults: &Faults) -> Result<Vec<Sublayer>> 
 }
 
 fn llama_plan<'a>(cfg: &ModelConfig, subs: &'a [Sublayer], plan: &mut Plan<'a>) {
-    let (h, q, kv, i) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-    );
-    let mut bf16 = |name: String, dst: &'a DevBuf, off: usize| {
-        plan.push((name, dst, off, Upload::Bf16));
-    };
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     for (l, pair) in subs.chunks_exact(2).enumerate() {
         let p = format!("model.layers.{l}");
         let (Mixer::Attention(a), Mixer::Mlp(m)) = (&pair[0].mixer, &pair[1].mixer) else {
             unreachable!("llama_sublayers pairs attention with an MLP");
+        };
+        attention_plan(cfg, &format!("{p}.self_attn"), a, plan);
+        let mut bf16 = |name: String, dst: &'a DevBuf, off: usize| {
+            plan.push((name, dst, off, Upload::Bf16));
         };
         bf16(format!("{p}.input_layernorm.weight"), &pair[0].norm, 0);
         bf16(
@@ -692,25 +688,39 @@ fn llama_plan<'a>(cfg: &ModelConfig, subs: &'a [Sublayer], plan: &mut Plan<'a>) 
             &pair[1].norm,
             0,
         );
-        for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
-            bf16(
-                format!("{p}.self_attn.{name}.weight"),
-                &a.qkv.buf,
-                off * h * BF16,
-            );
-            if let Some(b) = &a.qkv_bias {
-                bf16(format!("{p}.self_attn.{name}.bias"), b, off * BF16);
-            }
-        }
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            bf16(format!("{p}.self_attn.q_norm.weight"), qn, 0);
-            bf16(format!("{p}.self_attn.k_norm.weight"), kn, 0);
-        }
-        bf16(format!("{p}.self_attn.o_proj.weight"), &a.o.buf, 0);
         bf16(format!("{p}.mlp.gate_proj.weight"), &m.up.buf, 0);
         bf16(format!("{p}.mlp.up_proj.weight"), &m.up.buf, i * h * BF16);
         bf16(format!("{p}.mlp.down_proj.weight"), &m.down.buf, 0);
     }
+}
+
+/// An attention mixer's tensors under `prefix` (`...self_attn` in the Llama family, `...mixer` in
+/// Nemotron-H): q, k and v stacked into one matrix, their biases and norms where it has them, o.
+fn attention_plan<'a>(
+    cfg: &ModelConfig,
+    prefix: &str,
+    a: &'a AttentionWeights,
+    plan: &mut Plan<'a>,
+) {
+    let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+    let mut bf16 = |name: String, dst: &'a DevBuf, off: usize| {
+        plan.push((name, dst, off, Upload::Bf16));
+    };
+    for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
+        bf16(
+            format!("{prefix}.{name}.weight"),
+            &a.qkv.buf,
+            off * h * BF16,
+        );
+        if let Some(b) = &a.qkv_bias {
+            bf16(format!("{prefix}.{name}.bias"), b, off * BF16);
+        }
+    }
+    if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+        bf16(format!("{prefix}.q_norm.weight"), qn, 0);
+        bf16(format!("{prefix}.k_norm.weight"), kn, 0);
+    }
+    bf16(format!("{prefix}.o_proj.weight"), &a.o.buf, 0);
 }
 
 /// A Nemotron-H block per sublayer, zeroed.
@@ -759,7 +769,7 @@ fn hybrid_sublayers(cfg: &ModelConfig, hy: &crate::hybrid::Hybrid) -> Result<Vec
     Ok(subs)
 }
 
-fn hybrid_plan<'a>(subs: &'a [Sublayer], plan: &mut Plan<'a>) {
+fn hybrid_plan<'a>(cfg: &ModelConfig, subs: &'a [Sublayer], plan: &mut Plan<'a>) {
     for (l, sub) in subs.iter().enumerate() {
         let p = format!("model.layers.{l}");
         let x = format!("{p}.mixer");
@@ -768,19 +778,7 @@ fn hybrid_plan<'a>(subs: &'a [Sublayer], plan: &mut Plan<'a>) {
         };
         add(format!("{p}.norm.weight"), &sub.norm, 0, Upload::Bf16);
         match &sub.mixer {
-            Mixer::Attention(a) => {
-                let (q, kv) = (a.o.cols, (a.qkv.rows - a.o.cols) / 2);
-                let h = a.qkv.cols;
-                for (name, off) in [("q_proj", 0), ("k_proj", q), ("v_proj", q + kv)] {
-                    add(
-                        format!("{x}.{name}.weight"),
-                        &a.qkv.buf,
-                        off * h * BF16,
-                        Upload::Bf16,
-                    );
-                }
-                add(format!("{x}.o_proj.weight"), &a.o.buf, 0, Upload::Bf16);
-            }
+            Mixer::Attention(a) => attention_plan(cfg, &x, a, plan),
             Mixer::Mlp(m) => {
                 add(format!("{x}.up_proj.weight"), &m.up.buf, 0, Upload::Bf16);
                 add(

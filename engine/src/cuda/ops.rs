@@ -228,7 +228,7 @@ impl CudaBackend {
         self.mark("mamba_ssm", 0)?;
         // One thread per channel of a group (up to 1,024): a block per (group, row) is all the
         // parallelism there is at batch 1 (8 blocks on the 8B).
-        let threads = (hy.inner() / hy.n_groups).next_multiple_of(32).min(1024) as u32;
+        let threads = (inner / hy.n_groups).next_multiple_of(32).min(1024) as u32;
         launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,
             (hy.n_groups as u32, (m.seqs * m.steps) as u32, 1), threads, 0;
             m.y, m.zxbcdt, i(in_dim), i(inner), i(hy.n_groups), w.gate_norm.ptr, hy.eps, m.out_f32,

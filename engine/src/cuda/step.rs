@@ -51,14 +51,14 @@ impl CudaBackend {
                     let o = Gemv::new("gemv_o", Residual, &a.o, d.attn.ptr, d.x.ptr);
                     self.gemv(&o, batch, 0)?;
                 }
-                Mixer::Mlp(m) if m.swiglu => {
-                    let gate_up = Gemv::new("gemv_gate_up", NormSwiglu, &m.up, d.x.ptr, d.act.ptr);
-                    self.gemv(&gate_up.norm(&l.norm), batch, 0)?;
-                    let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
-                    self.gemv(&down, batch, 0)?;
-                }
                 Mixer::Mlp(m) => {
-                    let up = Gemv::new("gemv_up", NormRelu2, &m.up, d.x.ptr, d.act.ptr);
+                    // The activation is applied by the up GEMV: SwiGLU or relu2.
+                    let (name, mode) = if m.swiglu {
+                        ("gemv_gate_up", NormSwiglu)
+                    } else {
+                        ("gemv_up", NormRelu2)
+                    };
+                    let up = Gemv::new(name, mode, &m.up, d.x.ptr, d.act.ptr);
                     self.gemv(&up.norm(&l.norm), batch, 0)?;
                     let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
                     self.gemv(&down, batch, 0)?;

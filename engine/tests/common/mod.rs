@@ -8,16 +8,6 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
 use serde_json::{json, Value};
 
-/// The units the CUDA backend's tests run: the Llama family's and the hybrids (Nemotron-H).
-pub const CUDA_UNITS: &[&str] = &[
-    "tiny-llama",
-    "tiny-qwen",
-    "tiny-qwen3",
-    "tiny-trained",
-    "tiny-nemotron-h",
-    "tiny-trained-h",
-];
-
 pub const UNITS: &[&str] = &[
     "tiny-llama",
     "tiny-qwen",
