@@ -8,8 +8,8 @@
 // MODE 3: y = W RMSNorm(x), with gain `gamma` (q/k/v; the norm computed by every block)
 // MODE 4: y[j] = silu(W[j] n) * (W[rows + j] n), n = RMSNorm(x)   (gate and up stacked: SwiGLU)
 // MODE 10: y = relu(W n)^2, n = RMSNorm(x)   (Nemotron-H's MLP up)
-// MODE 8, 9, 11: 3, 4 and 10 on the tensor cores (gemv_mma).
-// MODE 7: as 1, on the tensor cores (gemv_mma): the residual GEMVs of 4,096 rows or more.
+// MODE 7, 8, 9, 11, 12: 1, 3, 4, 10 and 5 on the tensor cores (gemv_mma). Which matrices run
+// there is chosen per shape at load by timing both (cuda/tune.rs), never per batch.
 // MODE 5: per block, the largest W x of its rows for each b, lowest row on ties, into
 //         `parts` [B][gridDim.x] as (value, row); argmax_final picks the winner (lm_head).
 //         The logits are rounded to bf16 first, as a bf16 model's lm_head output is (vLLM's
@@ -177,7 +177,10 @@ GEMV_ARGMAX_KERNEL(7)
 GEMV_ARGMAX_KERNEL(8)
 
 // inv_s[b] = 1 / rms(x[b]) for the block's B activation rows, every thread of the block taking
-// part (each block computes it: cheaper than a kernel of its own); ends with a barrier.
+// part (each block computes it: cheaper than a kernel of its own); ends with a barrier. The rest
+// of the weight stream waits for it, so its reads are 16 bytes wide, two steps issued at once: a
+// few round trips to L2 rather than one per 256 values (cols % 8 == 0, rows 32-byte aligned). A
+// thread's share of row b is the same at every B.
 template <int B>
 __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int ldx, int cols, float eps,
                                               float (&ssr)[GEMV_WARPS][B], float (&inv_s)[B]) {
@@ -185,11 +188,15 @@ __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int l
     float ss[B];
 #pragma unroll
     for (int b = 0; b < B; b++) ss[b] = 0.0f;
-    for (int k = threadIdx.x; k < cols; k += blockDim.x) {
+#pragma unroll 2
+    for (int k = threadIdx.x; k < cols / 4; k += blockDim.x) {
 #pragma unroll
         for (int b = 0; b < B; b++) {
-            const float v = x[(size_t)b * ldx + k];
-            ss[b] = fmaf(v, v, ss[b]);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(x + (size_t)b * ldx) + k);
+            ss[b] = fmaf(v.x, v.x, ss[b]);
+            ss[b] = fmaf(v.y, v.y, ss[b]);
+            ss[b] = fmaf(v.z, v.z, ss[b]);
+            ss[b] = fmaf(v.w, v.w, ss[b]);
         }
     }
 #pragma unroll
@@ -400,10 +407,10 @@ GEMV_STREAM_MODES(8, 2)
 // gemv_stream: each block walks groups of 8 / ksplit tiles, a lane issuing its next step's
 // loads before it uses the current ones; the ksplit warps of a tile add their sums in a fixed
 // order. Measured on the H200 (scripts/gemv-bench): at batch 1 within 3% of gemv_stream for the
-// 8B's o and down (the whole step 0.4-1.2% faster with them here), at batch 8 3.3x (o) and 3.7x
-// (down) faster; the 1B's smaller matrices and the 8B's q/k/v and gate/up are slower at batch 1,
-// so they stay on the CUDA cores (plan.rs gemv_launch). Needs rows % 16 == 0 and
-// cols % (32 U ksplit) == 0; U is GEMV_MMA_U (plan.rs MMA_U).
+// 8B's o and down, at batch 8 3.3x (o) and 3.7x (down) faster; other shapes are slower at batch 1,
+// so the engine times both kernels per shape at load and keeps the faster over batch 1 and batch
+// 8 (cuda/tune.rs). Needs rows % 16 == 0 and cols % (32 U ksplit) == 0 (plan.rs mma_ksplit); U is
+// GEMV_MMA_U (plan.rs MMA_U).
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                          unsigned b0, unsigned b1) {
@@ -427,18 +434,26 @@ __device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsig
     lo = pack_bf16(a - bf_lo(hi), b - bf_hi(hi));
 }
 
-// MODE 1 is what the engine runs (mode 7); 3 and 4 (the RMSNorm folded in as gemv_stream does,
-// its scale applied to the activations before they are split) are timed by scripts/gemv-bench.
-template <int B, int MODE, int U>
+// The modes of gemv_stream and gemv_argmax: 1, 3, 4 and 10 (the RMSNorm folded in as
+// gemv_stream does, its scale applied to the activations before they are split), and 5, the
+// lm_head, which keeps for each b the largest bf16-rounded logit of the block's tiles and its row
+// (lowest row on ties) and leaves it in `parts` [B][gridDim.x] for argmax_final; with LOGITS
+// also every logit into y [B][ldy] (the verify request's scoring).
+template <int B, int MODE, int U, bool LOGITS = false>
 __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,
                                          float* __restrict__ y, int rows, int cols, int ldx, int ldy,
-                                         int ksplit, const bf16* __restrict__ gamma, float eps) {
+                                         int ksplit, const bf16* __restrict__ gamma, float eps,
+                                         float2* __restrict__ parts) {
     constexpr int WARPS = GEMV_WARPS;
     constexpr bool NORM = MODE == 3 || MODE == 4 || MODE == 10;
     constexpr int NW = MODE == 4 ? 2 : 1;
     __shared__ float red[2][WARPS][NW][4][32];
     __shared__ float ssr[WARPS][B];
     __shared__ float inv_s[B];
+    __shared__ float2 cand[WARPS][8];
+    // MODE 5: this lane's best (value, row) for batch columns 2 tq and 2 tq + 1.
+    float best_v[2] = {-INF_F, -INF_F};
+    int best_i[2] = {0x7fffffff, 0x7fffffff};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int tpb = WARPS / ksplit, kpart = warp % ksplit;
     const int per = cols / ksplit, k0 = kpart * per;
@@ -533,7 +548,22 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
                         }
                 }
             }
-            if (tile < ntiles && kpart == 0) {
+            if (MODE == 5 && tile < ntiles && kpart == 0) {
+                // Rows g, then g + 8 of each tile, tiles in ascending order: a strictly larger
+                // value wins, so among equals the lowest row stays (the first row seen is kept
+                // whatever it is, as gemv_argmax does).
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int b = 2 * tq + (i & 1), row = tile * 16 + g + (i >= 2 ? 8 : 0);
+                    const float v = bf2f(f2bf(d[0][i]));
+                    if (LOGITS && b < B) y[(size_t)b * ldy + row] = v;
+                    if (v > best_v[i & 1] || best_i[i & 1] == 0x7fffffff) {
+                        best_v[i & 1] = v;
+                        best_i[i & 1] = row;
+                    }
+                }
+            }
+            if (MODE != 5 && tile < ntiles && kpart == 0) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int b = 2 * tq + (i & 1);
@@ -559,19 +589,52 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
                 for (int i = 0; i < 4; i++) d[r][i] = 0.0f;
         }
     }
+    if (MODE == 5) {
+        // The lanes of one tq hold the same batch columns: the best over their rows, then over
+        // the block's tile slots (warps of kpart 0), into parts.
+        auto better = [](float v, int i, float bv, int bi) {
+            return v > bv || (v == bv && i < bi) || (bi == 0x7fffffff && i != 0x7fffffff);
+        };
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, best_v[j], o);
+                const int oi = __shfl_xor_sync(0xffffffffu, best_i[j], o);
+                if (better(ov, oi, best_v[j], best_i[j])) { best_v[j] = ov; best_i[j] = oi; }
+            }
+        if (kpart == 0 && g == 0) {
+            cand[warp][2 * tq] = make_float2(best_v[0], __int_as_float(best_i[0]));
+            cand[warp][2 * tq + 1] = make_float2(best_v[1], __int_as_float(best_i[1]));
+        }
+        __syncthreads();
+        if (threadIdx.x < B) {
+            const int b = threadIdx.x;
+            float v = -INF_F;
+            int idx = 0x7fffffff;
+            for (int w = 0; w < WARPS; w += ksplit) {
+                const float2 c = cand[w][b];
+                if (better(c.x, __float_as_int(c.y), v, idx)) { v = c.x; idx = __float_as_int(c.y); }
+            }
+            parts[(size_t)b * gridDim.x + blockIdx.x] = make_float2(v, __int_as_float(idx));
+        }
+    }
 }
 
-// gemv_m{NAME}_b{B}: gemv_mma of MODE. Engine modes 7, 8, 9 and 11 are the residual (1), norm (3),
-// gate/up (4) and relu2 (10) modes on the tensor cores.
-#define GEMV_MMA_KERNEL_AS(B, NAME, MODE)                                                           \
+// gemv_m{NAME}_b{B}: gemv_mma of MODE. Engine modes 7, 8, 9, 11 and 12 are the residual (1), norm
+// (3), gate/up (4), relu2 (10) and lm_head (5) modes on the tensor cores; gemv_m12_logits_b{B}
+// the lm_head writing its logits too.
+#define GEMV_MMA_KERNEL_AS(B, NAME, MODE, LOGITS)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_m##NAME##_b##B(             \
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
         float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, MODE, GEMV_MMA_U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);          \
+        gemv_mma<B, MODE, GEMV_MMA_U, LOGITS>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps,   \
+                                              parts);                                              \
     }
-#define GEMV_MMA_KERNELS(B) GEMV_MMA_KERNEL_AS(B, 7, 1) GEMV_MMA_KERNEL_AS(B, 8, 3) \
-    GEMV_MMA_KERNEL_AS(B, 9, 4) GEMV_MMA_KERNEL_AS(B, 11, 10)
+#define GEMV_MMA_KERNELS(B) GEMV_MMA_KERNEL_AS(B, 7, 1, false) GEMV_MMA_KERNEL_AS(B, 8, 3, false) \
+    GEMV_MMA_KERNEL_AS(B, 9, 4, false) GEMV_MMA_KERNEL_AS(B, 11, 10, false)                         \
+    GEMV_MMA_KERNEL_AS(B, 12, 5, false) GEMV_MMA_KERNEL_AS(B, 12_logits, 5, true)
 GEMV_MMA_KERNELS(1)
 GEMV_MMA_KERNELS(2)
 GEMV_MMA_KERNELS(3)

@@ -45,6 +45,8 @@ pub struct CudaBackend {
     pub(super) arch: String,
     pub(super) sms: usize,
     pub(super) kernels: kernels::Provenance,
+    /// Which GEMV shapes run on the tensor cores (tune.rs).
+    pub(super) tuning: super::tune::Tuning,
     pub(super) degraded: Vec<String>,
     pub(super) use_graphs: bool,
     /// Programmatic dependent launch (device.rs `launch`): Hopper and later.
@@ -295,6 +297,7 @@ impl Backend for CudaBackend {
             "pdl": self.pdl,
             "kernels": kernels::names(),
             "kernel_cache": self.kernels,
+            "gemv_tuning": self.tuning,
             "prefill_gemm": "cublas bf16 -> f32",
             "degraded": self.degraded,
         });

@@ -1,6 +1,6 @@
 //! The residual decode GEMV on a GPU, on the CUDA cores (mode 1) and on the tensor cores
-//! (mode 7): each against an f64 reference, and batch row b at batch 8 the same bits as that
-//! row alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the
+//! (mode 7), and the lm_head's GEMV and argmax on both (modes 5 and 12): each against an f64
+//! reference, and batch row b at batch 8 the same bits as that row alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the
 //! GPU box (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
@@ -98,7 +98,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     // The 8B's down (one round of tiles) and a taller matrix (two rounds: both halves of the
     // tensor-core kernel's double-buffered reduction).
     for (rows, cols) in [(4096, 14336), (8192, 4096)] {
-        assert!(plan::gemv_on_tensor_cores(rows, cols));
+        assert!(plan::tensor_cores_fit(rows, cols));
         let w: Vec<u16> = values(rows * cols, rows as u64)
             .iter()
             .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
@@ -139,10 +139,11 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
             ksplit: plan::gemv_ksplit(rows, cols, false),
             units: rows,
         };
-        for l in [
-            stream_launch,
-            plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1),
-        ] {
+        // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
+        let mma = plan::mma_ksplits(cols)
+            .into_iter()
+            .map(|k| plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1, Some(k)));
+        for l in std::iter::once(stream_launch).chain(mma) {
             let name = |b: usize| l.mode.kernel(b);
             let f8 = kernels::function(&module, &name(B)).unwrap();
             let f1 = kernels::function(&module, &name(1)).unwrap();
@@ -170,10 +171,130 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                     .all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(
                     same,
-                    "mode {:?} {rows}x{cols}: row {b} at batch 8 differs from it alone",
-                    l.mode
+                    "mode {:?} ksplit {} {rows}x{cols}: row {b} at batch 8 differs from it alone",
+                    l.mode, l.ksplit
                 );
             }
+        }
+    }
+}
+
+/// The lm_head on the CUDA cores and on the tensor cores, as the verify request runs it (the
+/// logits variant): its logits near the f64 reference, each block's argmax candidates reducing to
+/// the argmax of its own logits with the lowest row winning a tie, and batch row b's logits and
+/// candidates the same bits at batch 8 as alone.
+#[test]
+fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
+    let Some((ctx, stream, sms)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    const B: usize = plan::MAX_GEMV_BATCH;
+    // A Llama-sized head (8 warps per tile, several tiles per block) and a Qwen2.5-0.5B-wide one
+    // (K = 896: one warp per tile).
+    for (rows, cols) in [(16384, 2048), (4096, 896)] {
+        let mut w: Vec<u16> = values(rows * cols, rows as u64 ^ 5)
+            .iter()
+            .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
+            .collect();
+        // Rows 7 and rows - 3 equal and large: a tie the lowest row must win.
+        for k in 0..cols {
+            let v = half::bf16::from_f32(if k % 2 == 0 { 0.5 } else { -0.25 }).to_bits();
+            w[7 * cols + k] = v;
+            w[(rows - 3) * cols + k] = v;
+        }
+        let mut x = values(B * cols, 11);
+        // Row 0 of the batch leans on the planted rows so that the tie is its argmax.
+        for (k, v) in x[..cols].iter_mut().enumerate() {
+            *v = if k % 2 == 0 { 1.0 } else { -1.0 };
+        }
+        let dev = |n: usize| DevBuf::zeroed(n).unwrap();
+        let (wd, xd, yd) = (dev(w.len() * 2), dev(x.len() * 4), dev(B * rows * 4));
+        wd.write(0, &w).unwrap();
+        xd.write(0, &x).unwrap();
+        let partsd =
+            dev(B * 2 * plan::gemv_blocks(rows, plan::lm_head_ksplit(rows, cols)) as usize * 4);
+        // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
+        let splits = plan::mma_ksplits(cols).into_iter().map(Some);
+        for tc in std::iter::once(None).chain(splits) {
+            let l = plan::gemv_launch(rows, cols, plan::GemvMode::LmHead, 1, tc);
+            assert!(l.mode.is_lm_head());
+            assert_eq!(l.mode == plan::GemvMode::LmHeadMma, tc.is_some());
+            // (logits [batch][rows], the argmax from the candidates, per b)
+            let run = |batch: usize, x_row: usize| -> (Vec<f32>, Vec<usize>) {
+                let f = kernels::function(&module, &l.mode.logits_kernel(batch)).unwrap();
+                let resident = f
+                    .occupancy_max_active_blocks_per_multiprocessor(plan::GEMV_THREADS, 0, None)
+                    .unwrap() as usize
+                    * sms;
+                let grid = l.grid(resident);
+                let (r, c) = (rows as i32, cols as i32);
+                launch!(&f, &stream, false, (grid, 1, 1), plan::GEMV_THREADS, 0;
+                    wd.ptr, xd.at(x_row * cols, 4), yd.ptr, r, c, c, r, l.ksplit as i32, 0u64,
+                    0f32, partsd.ptr)
+                .unwrap();
+                let mut y = vec![0f32; batch * rows];
+                yd.read(&mut y, &stream).unwrap();
+                let mut parts = vec![0f32; batch * grid as usize * 2];
+                partsd.read(&mut parts, &stream).unwrap();
+                let best = (0..batch)
+                    .map(|b| {
+                        let mut best = (f32::NEG_INFINITY, usize::MAX);
+                        for p in parts[b * 2 * grid as usize..(b + 1) * 2 * grid as usize].chunks(2)
+                        {
+                            let i = p[1].to_bits() as usize;
+                            if p[0] > best.0 || (p[0] == best.0 && i < best.1) {
+                                best = (p[0], i);
+                            }
+                        }
+                        best.1
+                    })
+                    .collect();
+                (y, best)
+            };
+            let (y8, best8) = run(B, 0);
+            for b in 0..B {
+                let yb = &y8[b * rows..(b + 1) * rows];
+                // The first of the largest logits.
+                let want = yb
+                    .iter()
+                    .enumerate()
+                    .fold(
+                        (f32::NEG_INFINITY, 0),
+                        |m, (i, &v)| if v > m.0 { (v, i) } else { m },
+                    )
+                    .1;
+                assert_eq!(best8[b], want, "tc {tc:?} {rows}x{cols}: b {b}");
+                // Every logit is the f64 sum rounded to bf16, give or take the summation.
+                let xb = &x[b * cols..(b + 1) * cols];
+                for r in (0..rows).step_by(97).chain([7, rows - 3]) {
+                    let (mut s, mut q) = (0f64, 0f64);
+                    for (k, &v) in xb.iter().enumerate() {
+                        let p = half::bf16::from_bits(w[r * cols + k]).to_f64() * v as f64;
+                        s += p;
+                        q += p * p;
+                    }
+                    let err = (yb[r] as f64 - s).abs();
+                    assert!(
+                        err <= s.abs() / 128.0 + 1e-4 * q.sqrt(),
+                        "tc {tc:?} {rows}x{cols}: logit {r} of b {b} is {}, want {s}",
+                        yb[r]
+                    );
+                }
+                let (alone, best1) = run(1, b);
+                assert!(
+                    alone
+                        .iter()
+                        .zip(yb)
+                        .all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "tc {tc:?} {rows}x{cols}: b {b}'s logits at batch 8 differ from it alone"
+                );
+                assert_eq!(best1[0], best8[b]);
+            }
+            assert_eq!(
+                best8[0], 7,
+                "tc {tc:?} {rows}x{cols}: the tie goes to the lowest row"
+            );
         }
     }
 }

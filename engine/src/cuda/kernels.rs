@@ -123,7 +123,7 @@ pub fn compile(arch: &str, faults: &[&str]) -> Result<Vec<u8>> {
 
 /// Where compiled kernels are cached: `$LLM_BENCH_KERNEL_CACHE`, else
 /// `$XDG_CACHE_HOME/llm-bench/kernels`, else `~/.cache/llm-bench/kernels`.
-fn cache_dir() -> Option<PathBuf> {
+pub(super) fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("LLM_BENCH_KERNEL_CACHE") {
         return Some(PathBuf::from(d));
     }
@@ -238,10 +238,9 @@ mod tests {
             }
         }
         for b in 1..=plan::MAX_GEMV_BATCH {
-            assert!(
-                has(&format!("gemv_m5_logits_b{b}")),
-                "logits kernel {b} missing"
-            );
+            for m in GemvMode::ALL.iter().filter(|m| m.is_lm_head()) {
+                assert!(has(&m.logits_kernel(b)), "{} missing", m.logits_kernel(b));
+            }
         }
         let attention = (0..=3).map(|p| format!("attention_g{}", 1 << p));
         let others = [

@@ -107,8 +107,9 @@ pub(super) struct Funcs {
     pub swiglu: CudaFunction,
     pub argmax_final: CudaFunction,
     /// The verify request's scoring after a step: the lm_head writing its logits
-    /// (`gemv_m5_logits_b{batch}`), and `score_forced`.
-    pub lm_head_logits: Vec<CudaFunction>,
+    /// (`lm_head_logits[tensor cores as usize][batch - 1]`: `gemv_m5_logits_b{batch}`,
+    /// `gemv_m12_logits_b{batch}`), and `score_forced`.
+    pub lm_head_logits: [Vec<CudaFunction>; 2],
     pub score: CudaFunction,
     pub mamba_conv: CudaFunction,
     pub mamba_ssm: CudaFunction,
@@ -388,6 +389,7 @@ impl CudaBackend {
             arch: gpu.arch,
             sms: gpu.sms,
             kernels: provenance,
+            tuning: Default::default(),
             degraded: sw.degraded,
             use_graphs: sw.use_graphs,
             pdl: sw.pdl,
@@ -413,6 +415,7 @@ impl CudaBackend {
             stream: gpu.stream,
             ctx: gpu.ctx,
         };
+        backend.tune_gemvs()?;
         backend.capture_or_degrade();
         backend.sync()?;
         Ok(backend)
@@ -446,6 +449,11 @@ impl CudaBackend {
 impl Funcs {
     fn load(module: &Arc<CudaModule>, cfg: &ModelConfig, sms: usize) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
+        let logits = |m: GemvMode| {
+            (1..=plan::MAX_GEMV_BATCH)
+                .map(|b| k(&m.logits_kernel(b)))
+                .collect::<Result<Vec<_>>>()
+        };
         let mut gemv = Vec::new();
         let mut resident = Vec::new();
         for mode in GemvMode::ALL {
@@ -470,9 +478,7 @@ impl Funcs {
             attention: k(&plan::attention_kernel(cfg))?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
-            lm_head_logits: (1..=plan::MAX_GEMV_BATCH)
-                .map(|b| k(&format!("gemv_m5_logits_b{b}")))
-                .collect::<Result<_>>()?,
+            lm_head_logits: [logits(GemvMode::LmHead)?, logits(GemvMode::LmHeadMma)?],
             score: k("score_forced")?,
             mamba_conv: k("mamba_conv")?,
             mamba_ssm: k("mamba_ssm")?,

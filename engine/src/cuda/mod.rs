@@ -9,6 +9,7 @@ mod ops;
 pub mod plan;
 mod profiler;
 mod step;
+mod tune;
 
 #[cfg(test)]
 mod gemv_gpu_tests;

@@ -122,32 +122,45 @@ impl CudaBackend {
         }
     }
 
-    /// `g` for `batch` sequences; `parts` receives the argmax candidates of the lm_head.
-    pub(super) fn gemv(&self, g: &Gemv, batch: usize, parts: u64) -> Result<()> {
+    /// `g` for `batch` sequences, on the kernel the load-time tuning chose for its shape and batch
+    /// (tune.rs); `parts` receives the argmax candidates of the lm_head. Returns the grid (the
+    /// lm_head's number of candidates).
+    pub(super) fn gemv(&self, g: &Gemv, batch: usize, parts: u64) -> Result<u32> {
+        let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+        let grid = self.gemv_on(
+            g,
+            batch,
+            parts,
+            self.tuning.tensor_cores(g.mode, rows, cols, batch),
+        )?;
+        self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
+        Ok(grid)
+    }
+
+    /// `g` on the tensor cores (Some(warps per tile)) or the CUDA cores, without the profiler's
+    /// mark (the tuning times it).
+    pub(super) fn gemv_on(
+        &self,
+        g: &Gemv,
+        batch: usize,
+        parts: u64,
+        tensor_cores: Option<usize>,
+    ) -> Result<u32> {
         // Gate/up's output rows each read a gate and an up row.
         let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
-        let (ksplit, grid, mode) = if g.mode == GemvMode::LmHead {
-            let k = plan::lm_head_ksplit(rows, cols);
-            (k, plan::gemv_blocks(rows, k), g.mode)
-        } else {
-            let l = plan::gemv_launch(rows, cols, g.mode, batch);
-            let resident = self.f.resident[l.mode.index()][batch - 1];
-            (
-                l.ksplit,
-                plan::gemv_grid(l.units, l.ksplit, resident),
-                l.mode,
-            )
-        };
+        let l = plan::gemv_launch(rows, cols, g.mode, batch, tensor_cores);
+        let grid = l.grid(self.f.resident[l.mode.index()][batch - 1]);
         // The logits variant runs after a graph launch, outside the step: no PDL.
         let (f, pdl) = if g.logits {
-            (&self.f.lm_head_logits[batch - 1], false)
+            let i = (l.mode == GemvMode::LmHeadMma) as usize;
+            (&self.f.lm_head_logits[i][batch - 1], false)
         } else {
-            (&self.f.gemv[mode.index()][batch - 1], self.pdl)
+            (&self.f.gemv[l.mode.index()][batch - 1], self.pdl)
         };
         launch!(f, &self.stream, pdl, (grid, 1, 1), GEMV_THREADS, 0;
             g.w.buf.ptr, g.x, g.y, rows as i32, cols as i32, cols as i32, rows as i32,
-            ksplit as i32, g.gamma, self.cfg.rms_norm_eps, parts)?;
-        self.mark(g.name, g.w.rows * g.w.cols * BF16)
+            l.ksplit as i32, g.gamma, self.cfg.rms_norm_eps, parts)?;
+        Ok(grid)
     }
 
     /// The lm_head over the normalised rows `xn` and the final argmax into `tokens`, advancing
@@ -160,11 +173,10 @@ impl CudaBackend {
         tokens: u64,
         positions: u64,
     ) -> Result<()> {
-        let c = &self.cfg;
         let head = Gemv::new("gemv_lm_head", GemvMode::LmHead, self.lm_head(), xn, 0);
-        self.gemv(&head, batch, parts)?;
+        let nparts = self.gemv(&head, batch, parts)?;
         launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
-            parts, plan::lm_head_blocks(c) as i32, tokens, positions, (positions != 0) as i32)?;
+            parts, nparts as i32, tokens, positions, (positions != 0) as i32)?;
         self.mark("argmax_final", 0)
     }
 

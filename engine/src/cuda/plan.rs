@@ -90,11 +90,13 @@ pub enum GemvMode {
     NormRelu2,
     /// [`GemvMode::NormRelu2`] on the tensor cores (11).
     NormRelu2Mma,
+    /// [`GemvMode::LmHead`] on the tensor cores (12).
+    LmHeadMma,
 }
 
 impl GemvMode {
     /// Every mode the engine launches, in the order of [`GemvMode::index`].
-    pub const ALL: [GemvMode; 10] = [
+    pub const ALL: [GemvMode; 11] = [
         Self::Residual,
         Self::Norm,
         Self::NormSwiglu,
@@ -105,6 +107,7 @@ impl GemvMode {
         Self::NormSwigluMma,
         Self::NormRelu2,
         Self::NormRelu2Mma,
+        Self::LmHeadMma,
     ];
 
     /// gemv.cu's `MODE`, in the kernel's name.
@@ -120,6 +123,7 @@ impl GemvMode {
             Self::NormSwigluMma => 9,
             Self::NormRelu2 => 10,
             Self::NormRelu2Mma => 11,
+            Self::LmHeadMma => 12,
         }
     }
 
@@ -134,6 +138,28 @@ impl GemvMode {
     /// The kernel of this mode for `batch` activation rows.
     pub fn kernel(self, batch: usize) -> String {
         format!("gemv_m{}_b{batch}", self.number())
+    }
+
+    /// The verify request's variant of an lm_head kernel, which writes its logits too.
+    pub fn logits_kernel(self, batch: usize) -> String {
+        format!("gemv_m{}_logits_b{batch}", self.number())
+    }
+
+    /// The mode on the tensor cores, for the modes that have one.
+    pub fn on_tensor_cores(self) -> Option<GemvMode> {
+        match self {
+            Self::Residual => Some(Self::ResidualMma),
+            Self::Norm => Some(Self::NormMma),
+            Self::NormSwiglu => Some(Self::NormSwigluMma),
+            Self::NormRelu2 => Some(Self::NormRelu2Mma),
+            Self::LmHead => Some(Self::LmHeadMma),
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel leaves argmax candidates (an lm_head).
+    pub fn is_lm_head(self) -> bool {
+        matches!(self, Self::LmHead | Self::LmHeadMma)
     }
 
     /// Weight rows read per output row: gate/up reads a gate and an up row.
@@ -290,23 +316,27 @@ pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     }
 }
 
-/// Warps that share a tile of the tensor-core GEMV ([`GemvMode::ResidualMma`]), each summing a slice of K.
-pub const MMA_KSPLIT: usize = 8;
 /// Output rows of a tensor-core GEMV tile (one mma's 16 rows).
 pub const MMA_TILE_ROWS: usize = 16;
-/// Least height of a residual GEMV run on the tensor cores.
-const MMA_MIN_ROWS: usize = 4096;
 
-/// Whether a decode GEMV (every mode but the lm_head's) runs on the tensor cores, from its shape
-/// alone, so that its sums are the same at every batch: 4,096 rows or more, in whole tiles, and K
-/// in whole steps of every warp. Measured on the H200: the 8B's o and down at batch 1 take 10.5
-/// and 30.2 us there against 10.7 and 31.0 on the CUDA cores, at batch 8 14 and 42 us against 46
-/// and 154 (scripts/gemv-bench); Nemotron-H-8B's in_proj and MLP up 50 and 56 us against 55 and
-/// 63 at batch 1 (engine profile); Llama-3.1-8B's q/k/v and gate/up cost its step 2.6% at batch
-/// 1 and gain 1.9x at batch 8 (docs/ENGINE.md). The 1B's (2,048 rows) are 12-14% slower at batch
-/// 1 there, so they stay on the CUDA cores.
-pub fn gemv_on_tensor_cores(rows: usize, cols: usize) -> bool {
-    rows >= MMA_MIN_ROWS && rows % MMA_TILE_ROWS == 0 && cols % (32 * MMA_U * MMA_KSPLIT) == 0
+/// Warps that share a tile of the tensor-core GEMV, each summing a slice of K: the most (up to a
+/// block's 8) whose slices are whole steps of [`MMA_U`] 16-byte loads per lane, from the
+/// matrix's width alone. `None` where K is not in whole steps: that shape stays on the CUDA
+/// cores.
+pub fn mma_ksplit(cols: usize) -> Option<usize> {
+    let steps = cols
+        .checked_div(32 * MMA_U)
+        .filter(|_| cols % (32 * MMA_U) == 0)?;
+    (0..=GEMV_WARPS.trailing_zeros())
+        .rev()
+        .map(|p| 1 << p)
+        .find(|k| steps % k == 0 && steps > 0)
+}
+
+/// Whether a GEMV of this shape can run on the tensor cores: rows in whole tiles, K in whole
+/// steps ([`mma_ksplit`]). Whether it does is the load-time tuning's choice (tune.rs).
+pub fn tensor_cores_fit(rows: usize, cols: usize) -> bool {
+    rows > 0 && rows % MMA_TILE_ROWS == 0 && mma_ksplit(cols).is_some()
 }
 
 /// A decode GEMV's launch: the kernel mode, the warps that share a row (or a tile), and how many
@@ -318,34 +348,69 @@ pub struct GemvLaunch {
     pub units: usize,
 }
 
-/// How the GEMV of `mode` (residual, norm, gate/up or relu2) over `rows` x `cols` is launched at
-/// `batch`. The shapes in [`gemv_on_tensor_cores`] run on the tensor cores.
-/// Tall gate/up sums its two slices in one warp at batch 2-8 (gemv.cu's VK = 2:
-/// [`GemvMode::NormSwigluOneWarp`]), which gives the same bits as two warps: two warps per row
-/// measured 20-25% slower there than one warp over one slice (scripts/gemv-bench). Every other
-/// choice is the same at every batch.
-pub fn gemv_launch(rows: usize, cols: usize, mode: GemvMode, batch: usize) -> GemvLaunch {
-    if mode == GemvMode::Residual && gemv_on_tensor_cores(rows, cols) {
+impl GemvLaunch {
+    /// Its grid: the CUDA-core lm_head has a block per group of rows; the others are persistent
+    /// ([`gemv_grid`]) over `resident` blocks.
+    pub fn grid(&self, resident: usize) -> u32 {
+        if self.mode == GemvMode::LmHead {
+            gemv_blocks(self.units, self.ksplit)
+        } else {
+            gemv_grid(self.units, self.ksplit, resident)
+        }
+    }
+}
+
+/// The warps per tile the tensor-core kernel can use for K = `cols`: [`mma_ksplit`] and its
+/// halves down to a quarter (each warp then sums a longer slice, tiles shared out in groups of
+/// 8 / ksplit per block); the tuning times each (tune.rs).
+pub fn mma_ksplits(cols: usize) -> Vec<usize> {
+    let Some(top) = mma_ksplit(cols) else {
+        return Vec::new();
+    };
+    [top, top / 2, top / 4]
+        .into_iter()
+        .filter(|&k| k >= 1)
+        .fold(Vec::new(), |mut v, k| {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+            v
+        })
+}
+
+/// How the GEMV of `mode` over `rows` x `cols` is launched at `batch`: on the tensor cores with
+/// `tensor_cores` = Some(warps per tile) (the load-time tuning's choice for the shape and batch,
+/// tune.rs; ignored where the shape does not fit them or the split is not one of
+/// [`mma_ksplits`]), else on the CUDA cores. Tall gate/up on the CUDA cores sums its two slices
+/// in one warp at batch 2-8 (gemv.cu's VK = 2: [`GemvMode::NormSwigluOneWarp`]), which gives the
+/// same bits as two warps: two warps per row measured 20-25% slower there than one warp over one
+/// slice (scripts/gemv-bench). Given the same `tensor_cores`, a row's bits do not depend on the
+/// batch it runs in.
+pub fn gemv_launch(
+    rows: usize,
+    cols: usize,
+    mode: GemvMode,
+    batch: usize,
+    tensor_cores: Option<usize>,
+) -> GemvLaunch {
+    if let (Some(ksplit), Some(mma), true) = (
+        tensor_cores,
+        mode.on_tensor_cores(),
+        tensor_cores_fit(rows, cols)
+            && tensor_cores.is_some_and(|k| mma_ksplits(cols).contains(&k)),
+    ) {
         return GemvLaunch {
-            mode: GemvMode::ResidualMma,
-            ksplit: MMA_KSPLIT,
+            mode: mma,
+            ksplit,
             units: rows / MMA_TILE_ROWS,
         };
     }
-    if gemv_on_tensor_cores(rows, cols) {
-        let mma = match mode {
-            GemvMode::Norm => Some(GemvMode::NormMma),
-            GemvMode::NormSwiglu => Some(GemvMode::NormSwigluMma),
-            GemvMode::NormRelu2 => Some(GemvMode::NormRelu2Mma),
-            _ => None,
+    if mode == GemvMode::LmHead {
+        return GemvLaunch {
+            mode,
+            ksplit: lm_head_ksplit(rows, cols),
+            units: rows,
         };
-        if let Some(mode) = mma {
-            return GemvLaunch {
-                mode,
-                ksplit: MMA_KSPLIT,
-                units: rows / MMA_TILE_ROWS,
-            };
-        }
     }
     let gate_up = mode == GemvMode::NormSwiglu;
     let k = gemv_ksplit(rows, cols, gate_up);
@@ -393,7 +458,9 @@ pub fn gemv_blocks(rows: usize, ksplit: usize) -> u32 {
     rows.div_ceil(GEMV_WARPS / ksplit) as u32
 }
 
-/// Blocks of the lm_head GEMV, each leaving one argmax candidate per sequence.
+/// Blocks of the CUDA-core lm_head GEMV, each leaving one argmax candidate per sequence: more than
+/// the tensor-core one's persistent grid (at most one block per 16-row tile) ever has, so the
+/// candidates' buffers are sized by it.
 pub fn lm_head_blocks(cfg: &ModelConfig) -> usize {
     gemv_blocks(
         cfg.vocab_size,
@@ -694,13 +761,26 @@ mod tests {
     #[test]
     fn gemv_modes_are_gemv_cu_modes_in_one_order() {
         let numbers: Vec<usize> = GemvMode::ALL.iter().map(|m| m.number()).collect();
-        assert_eq!(numbers, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(numbers, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         for (i, m) in GemvMode::ALL.iter().enumerate() {
             assert_eq!(m.index(), i);
         }
         assert_eq!(GemvMode::ResidualMma.kernel(8), "gemv_m7_b8");
+        assert_eq!(GemvMode::LmHeadMma.logits_kernel(3), "gemv_m12_logits_b3");
         assert_eq!(GemvMode::NormSwiglu.weight_rows(), 2);
         assert_eq!(GemvMode::Norm.weight_rows(), 1);
+        // Every CUDA-core mode the step launches has a tensor-core twin, and the twins have none.
+        for m in [
+            GemvMode::Residual,
+            GemvMode::Norm,
+            GemvMode::NormSwiglu,
+            GemvMode::NormRelu2,
+            GemvMode::LmHead,
+        ] {
+            let mma = m.on_tensor_cores().unwrap();
+            assert_eq!(mma.on_tensor_cores(), None);
+            assert_eq!(m.is_lm_head(), mma.is_lm_head());
+        }
     }
 
     #[test]
@@ -711,78 +791,104 @@ mod tests {
             ksplit,
             units,
         };
-        // Qwen2.5-7B gate/up (K = 3,584: not in whole tensor-core steps): two warps at batch 1,
-        // one warp with both slices at 2-8; the numerics (two slices) are the same at every batch.
-        assert_eq!(
-            gemv_launch(18944, 3584, NormSwiglu, 1),
-            l(NormSwiglu, 2, 18944)
-        );
-        for batch in 2..=MAX_GEMV_BATCH {
+        // Qwen2.5-7B gate/up on the CUDA cores: two warps at batch 1, one warp with both slices
+        // at 2-8; the numerics (two slices) are the same at every batch.
+        {
+            let tc = None;
             assert_eq!(
-                gemv_launch(18944, 3584, NormSwiglu, batch),
-                l(NormSwigluOneWarp, 1, 18944)
+                gemv_launch(18944, 3584, NormSwiglu, 1, tc),
+                l(NormSwiglu, 2, 18944)
             );
+            for batch in 2..=MAX_GEMV_BATCH {
+                assert_eq!(
+                    gemv_launch(18944, 3584, NormSwiglu, batch, tc),
+                    l(NormSwigluOneWarp, 1, 18944)
+                );
+            }
         }
         // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
             assert_eq!(
-                gemv_launch(2048, 1024, NormSwiglu, batch),
+                gemv_launch(2048, 1024, NormSwiglu, batch, None),
                 l(NormSwiglu, 2, 2048)
             );
-            assert_eq!(gemv_launch(3072, 2048, Norm, batch), l(Norm, 2, 3072));
+            assert_eq!(gemv_launch(3072, 2048, Norm, batch, None), l(Norm, 2, 3072));
             assert_eq!(
-                gemv_launch(2048, 8192, Residual, batch),
+                gemv_launch(2048, 8192, Residual, batch, None),
                 l(Residual, 2, 2048)
             );
             assert_eq!(
-                gemv_launch(8192, 1280, NormSwiglu, batch),
+                gemv_launch(8192, 1280, NormSwiglu, batch, None),
                 l(NormSwiglu, 1, 8192)
             );
         }
     }
 
     #[test]
-    fn tall_gemvs_run_on_the_tensor_cores_at_every_batch() {
+    fn a_shape_chosen_for_the_tensor_cores_runs_there_at_every_batch() {
         use GemvMode::*;
-        // Llama-3.1-8B o, down, q/k/v, gate/up; Nemotron-H-8B in_proj, MLP up, out_proj: 16-row
-        // tiles, 8 warps per tile, at every batch.
+        // The 8B's matrices and the lm_heads: 16-row tiles, 8 warps per tile (K in 8 whole steps
+        // of 128), at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
             for (rows, cols, mode, mma) in [
                 (4096, 4096, Residual, ResidualMma),
                 (4096, 14336, Residual, ResidualMma),
-                (8192, 28672, Residual, ResidualMma),
                 (6144, 4096, Norm, NormMma),
                 (14336, 4096, NormSwiglu, NormSwigluMma),
-                (18560, 4096, Norm, NormMma),
                 (21504, 4096, NormRelu2, NormRelu2Mma),
-                (4096, 8192, Residual, ResidualMma),
+                (128256, 2048, LmHead, LmHeadMma),
+                (2048, 2048, Norm, NormMma),
             ] {
                 let want = GemvLaunch {
                     mode: mma,
-                    ksplit: MMA_KSPLIT,
+                    ksplit: 8,
                     units: rows / MMA_TILE_ROWS,
                 };
-                assert_eq!(gemv_launch(rows, cols, mode, batch), want, "{rows}x{cols}");
+                assert_eq!(
+                    gemv_launch(rows, cols, mode, batch, Some(8)),
+                    want,
+                    "{rows}x{cols}"
+                );
+                assert_ne!(gemv_launch(rows, cols, mode, batch, None).mode, mma);
+                // Fewer warps per tile, more tiles per block.
+                let l = gemv_launch(rows, cols, mode, batch, Some(2));
+                assert_eq!((l.mode, l.ksplit, l.units), (mma, 2, rows / MMA_TILE_ROWS));
             }
         }
-        // Llama-3.2-1B's o and down, Qwen2.5-0.5B's, a K not in whole steps of 8 warps x 128,
-        // rows not in whole tiles, and the other modes: the CUDA cores.
-        for (rows, cols) in [
-            (2048, 2048),
-            (2048, 8192),
-            (896, 4864),
-            (4096, 2560),
-            (4104, 4096),
-        ] {
-            assert!(!gemv_on_tensor_cores(rows, cols), "{rows}x{cols}");
-            assert_eq!(gemv_launch(rows, cols, Residual, 1).mode, Residual);
+        // K in fewer whole steps: fewer warps per tile (Qwen2.5-0.5B's 896 = 7 steps, Qwen3-4B's
+        // 2,560 = 20); K not in whole steps or rows not in whole tiles: the CUDA cores.
+        assert_eq!(mma_ksplit(896), Some(1));
+        assert_eq!(mma_ksplit(2560), Some(4));
+        assert_eq!(mma_ksplit(3072), Some(8));
+        assert_eq!(mma_ksplit(4864), Some(2));
+        assert_eq!(mma_ksplit(3584), Some(4));
+        assert_eq!(mma_ksplit(4104), None);
+        assert_eq!(mma_ksplit(0), None);
+        assert_eq!(mma_ksplits(4096), [8, 4, 2]);
+        assert_eq!(mma_ksplits(2560), [4, 2, 1]);
+        assert_eq!(mma_ksplits(896), [1]);
+        assert_eq!(mma_ksplits(640), [1]);
+        assert!(mma_ksplits(4104).is_empty());
+        assert_eq!(gemv_launch(151936, 896, LmHead, 4, Some(1)).ksplit, 1);
+        for (rows, cols) in [(4096, 4104), (4104, 4096), (0, 4096)] {
+            assert!(!tensor_cores_fit(rows, cols), "{rows}x{cols}");
+            assert_eq!(gemv_launch(rows, cols, Residual, 1, Some(8)).mode, Residual);
         }
-        assert_eq!(gemv_launch(2048, 2048, Norm, 1).mode, Norm);
-        assert_eq!(gemv_launch(2048, 2048, NormRelu2, 1).mode, NormRelu2);
-        // Its persistent grid: 256 tiles of the 8B's o in groups of one tile per block, on as many
-        // blocks as are resident (two per SM on 132 SMs) in the fewest rounds.
-        assert_eq!(gemv_grid(4096 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);
-        assert_eq!(gemv_grid(8192 / MMA_TILE_ROWS, MMA_KSPLIT, 264), 256);
+        assert_eq!(gemv_launch(4104, 4096, LmHead, 1, Some(8)).mode, LmHead);
+        // A split the shape cannot use (896 is 7 steps: one warp per tile) is not launched.
+        assert_eq!(gemv_launch(4096, 896, Residual, 1, Some(8)).mode, Residual);
+        // Persistent grids: 256 tiles of the 8B's o, one tile per block, on as many blocks as are
+        // resident (two per SM on 132 SMs) in the fewest rounds; the CUDA-core lm_head a block per
+        // 8 / ksplit rows.
+        let o = gemv_launch(4096, 4096, Residual, 1, Some(8));
+        assert_eq!(o.grid(264), 256);
+        assert_eq!(gemv_launch(8192, 4096, Residual, 1, Some(8)).grid(264), 256);
+        let head = gemv_launch(128256, 2048, LmHead, 1, None);
+        assert_eq!(head.grid(264), 16032);
+        for k in mma_ksplits(2048) {
+            let l = gemv_launch(128256, 2048, LmHead, 1, Some(k));
+            assert!(l.grid(264 * 8 / k) as usize <= 16032);
+        }
     }
 
     #[test]

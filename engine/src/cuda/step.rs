@@ -6,7 +6,7 @@ use cudarc::driver::sys;
 
 use super::backend::{CudaBackend, RowState};
 use super::device::driver_err;
-use super::load::Mixer;
+use super::load::{Mixer, Sublayer};
 use super::ops::{Attention, Gemv, Mamba, Paging};
 use super::plan::{self, GemvMode};
 use crate::backend::DecodeItem;
@@ -28,67 +28,76 @@ impl CudaBackend {
             tables: d.tables.ptr,
             max_blocks: d.layout.max_blocks,
         };
-        use GemvMode::{Norm, NormRelu2, NormSwiglu, Residual};
         for l in &self.layers {
-            // RMSNorm is folded into the GEMVs that read the residual stream (norm, gate/up).
+            // RMSNorm is folded into the GEMV that reads the residual stream; the other adds
+            // the mixer's output back into it.
+            let [input, output] = self.sublayer_gemvs(l);
+            self.gemv(&input, batch, 0)?;
             match &l.mixer {
-                Mixer::Attention(a) => {
-                    let qkv = Gemv::new("gemv_qkv", Norm, &a.qkv, d.x.ptr, d.qkv.ptr);
-                    self.gemv(&qkv.norm(&l.norm), batch, 0)?;
-                    self.attention(&Attention {
-                        w: a,
-                        qkv: d.qkv.ptr,
-                        rows: batch,
-                        splits: plan::MAX_SPLITS,
-                        paging,
-                        part_o: d.part_o.ptr,
-                        part_ml: d.part_ml.ptr,
-                        counts: d.counts.ptr,
-                        out_f32: d.attn.ptr,
-                        out_bf16: 0,
-                        rope: true,
-                    })?;
-                    let o = Gemv::new("gemv_o", Residual, &a.o, d.attn.ptr, d.x.ptr);
-                    self.gemv(&o, batch, 0)?;
-                }
-                Mixer::Mlp(m) => {
-                    // The activation is applied by the up GEMV: SwiGLU or relu2.
-                    let (name, mode) = if m.swiglu {
-                        ("gemv_gate_up", NormSwiglu)
-                    } else {
-                        ("gemv_up", NormRelu2)
-                    };
-                    let up = Gemv::new(name, mode, &m.up, d.x.ptr, d.act.ptr);
-                    self.gemv(&up.norm(&l.norm), batch, 0)?;
-                    let down = Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr);
-                    self.gemv(&down, batch, 0)?;
-                }
-                Mixer::Mamba(m) => {
-                    let in_proj =
-                        Gemv::new("gemv_in_proj", Norm, &m.in_proj, d.x.ptr, d.zxbcdt.ptr);
-                    self.gemv(&in_proj.norm(&l.norm), batch, 0)?;
-                    self.mamba(&Mamba {
-                        w: m,
-                        zxbcdt: d.zxbcdt.ptr,
-                        xbc: d.xbc.ptr,
-                        y: d.ssm_y.ptr,
-                        seqs: batch,
-                        steps: 1,
-                        slots: d.slots.ptr,
-                        positions: d.positions.ptr,
-                        prefill: false,
-                        out_f32: d.gated.ptr,
-                        out_bf16: 0,
-                    })?;
-                    let out =
-                        Gemv::new("gemv_out_proj", Residual, &m.out_proj, d.gated.ptr, d.x.ptr);
-                    self.gemv(&out, batch, 0)?;
-                }
+                Mixer::Attention(a) => self.attention(&Attention {
+                    w: a,
+                    qkv: d.qkv.ptr,
+                    rows: batch,
+                    splits: plan::MAX_SPLITS,
+                    paging,
+                    part_o: d.part_o.ptr,
+                    part_ml: d.part_ml.ptr,
+                    counts: d.counts.ptr,
+                    out_f32: d.attn.ptr,
+                    out_bf16: 0,
+                    rope: true,
+                })?,
+                // The activation is applied by the up GEMV: SwiGLU or relu2.
+                Mixer::Mlp(_) => {}
+                Mixer::Mamba(m) => self.mamba(&Mamba {
+                    w: m,
+                    zxbcdt: d.zxbcdt.ptr,
+                    xbc: d.xbc.ptr,
+                    y: d.ssm_y.ptr,
+                    seqs: batch,
+                    steps: 1,
+                    slots: d.slots.ptr,
+                    positions: d.positions.ptr,
+                    prefill: false,
+                    out_f32: d.gated.ptr,
+                    out_bf16: 0,
+                })?,
             }
+            self.gemv(&output, batch, 0)?;
         }
         // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
         self.lm_head_argmax(batch, d.xn.ptr, d.parts.ptr, d.tokens.ptr, d.positions.ptr)
+    }
+
+    /// A sublayer's two decode GEMVs over the decode buffers: the one that reads the residual
+    /// stream (its RMSNorm folded in: q/k/v, gate/up or up with its activation, in_proj) and the
+    /// one that adds the mixer's output back into it (o, down, out_proj).
+    pub(super) fn sublayer_gemvs<'a>(&self, l: &'a Sublayer) -> [Gemv<'a>; 2] {
+        use GemvMode::{Norm, NormRelu2, NormSwiglu, Residual};
+        let d = &self.dec;
+        let (input, output) = match &l.mixer {
+            Mixer::Attention(a) => (
+                Gemv::new("gemv_qkv", Norm, &a.qkv, d.x.ptr, d.qkv.ptr),
+                Gemv::new("gemv_o", Residual, &a.o, d.attn.ptr, d.x.ptr),
+            ),
+            Mixer::Mlp(m) => {
+                let (name, mode) = if m.swiglu {
+                    ("gemv_gate_up", NormSwiglu)
+                } else {
+                    ("gemv_up", NormRelu2)
+                };
+                (
+                    Gemv::new(name, mode, &m.up, d.x.ptr, d.act.ptr),
+                    Gemv::new("gemv_down", Residual, &m.down, d.act.ptr, d.x.ptr),
+                )
+            }
+            Mixer::Mamba(m) => (
+                Gemv::new("gemv_in_proj", Norm, &m.in_proj, d.x.ptr, d.zxbcdt.ptr),
+                Gemv::new("gemv_out_proj", Residual, &m.out_proj, d.gated.ptr, d.x.ptr),
+            ),
+        };
+        [input.norm(&l.norm), output]
     }
 
     pub(super) fn capture_all(&mut self) -> Result<()> {

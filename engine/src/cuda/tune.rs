@@ -1,0 +1,438 @@
+//! Which kernel runs each decode GEMV, chosen per matrix shape at load: each shape's matrices are
+//! timed on the CUDA cores and on the tensor cores at every split of K the shape allows, as the
+//! step runs them (one after the other, in a CUDA graph, PDL as configured), at batch 1 and at
+//! batch 8. Batch 1 gets the fastest at batch 1, batches 2-8 the fastest at batch 8; the tensor
+//! cores must win by at least [`MARGIN`], so that a near draw stays on the CUDA cores and machines
+//! of one kind choose alike. The choice does not depend on `--max-batch` (the timing has its own
+//! buffers for 8 rows). A row's bits are the same at batches 2-8; at batch 1 they may differ
+//! from its bits in a larger batch, where the two kernels differ (docs/ENGINE.md says what
+//! keeping one kernel for every batch cost). The result is cached beside the compiled kernels,
+//! keyed by the kernels' own cache key (source, architecture, driver), the GPU and its
+//! multiprocessors, so a machine tunes a model's shapes once; `ready.features.gemv_tuning`
+//! reports every shape's times and choices.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use serde::{Deserialize, Serialize};
+
+use super::backend::{CudaBackend, F32};
+use super::device::{driver_err, DevBuf};
+use super::kernels;
+use super::ops::Gemv;
+use super::plan::{self, GemvMode};
+use crate::error::Result;
+
+/// One shape's measurement and the kernel chosen for it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShapeTuning {
+    /// The GEMV's role ([`role`]): residual, norm, gate_up, relu2 or lm_head.
+    pub role: String,
+    /// Output rows (gate/up: each half's) and K.
+    pub rows: usize,
+    pub cols: usize,
+    /// The model's matrices of this role and shape, timed one after the other.
+    pub matrices: usize,
+    /// The batches timed: 1 and 8.
+    pub batches: [usize; 2],
+    /// Every kernel timed: the CUDA cores first, then the tensor cores at each split of K the
+    /// shape allows (none where it does not fit them: plan.rs `mma_ksplits`).
+    pub candidates: Vec<Candidate>,
+    /// The choices, at batch 1 and at batches 2-8: warps per tile on the tensor cores, or none
+    /// for the CUDA cores.
+    pub batch_1: Option<usize>,
+    pub batched: Option<usize>,
+}
+
+/// One kernel's times for a shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Candidate {
+    /// Warps per tile on the tensor cores; none: the CUDA cores.
+    pub tensor_cores: Option<usize>,
+    /// Microseconds per matrix at each of the shape's `batches`.
+    pub us: [f64; 2],
+}
+
+/// The choices for every GEMV shape of the loaded model.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Tuning {
+    pub shapes: Vec<ShapeTuning>,
+    /// The cache file, and whether every shape came from it.
+    pub cache: Option<String>,
+    pub from_cache: bool,
+    /// Seconds this load spent on it (timing and cache).
+    pub tune_s: f64,
+}
+
+impl Tuning {
+    /// The warps per tile on the tensor cores of the GEMV of `mode` over `rows` x `cols` at
+    /// `batch`, or none for the CUDA cores. Shapes not tuned (before the tuning ran) run on the
+    /// CUDA cores.
+    pub fn tensor_cores(
+        &self,
+        mode: GemvMode,
+        rows: usize,
+        cols: usize,
+        batch: usize,
+    ) -> Option<usize> {
+        let r = role(mode);
+        self.shapes
+            .iter()
+            .find(|s| s.role == r && s.rows == rows && s.cols == cols)
+            .and_then(|s| if batch == 1 { s.batch_1 } else { s.batched })
+    }
+}
+
+/// A mode's role, the same for its CUDA-core and tensor-core kernels.
+pub fn role(mode: GemvMode) -> &'static str {
+    use GemvMode::*;
+    match mode {
+        Residual | ResidualMma => "residual",
+        Norm | NormMma => "norm",
+        NormSwiglu | NormSwigluOneWarp | NormSwigluMma => "gate_up",
+        NormRelu2 | NormRelu2Mma => "relu2",
+        LmHead | LmHeadMma => "lm_head",
+    }
+}
+
+/// How much smaller the tensor cores' sum of times must be to be chosen.
+pub const MARGIN: f64 = 0.02;
+
+/// The rule, for the batch timed at `at` (0: batch 1, 1: batch 8): the fastest tensor-core split
+/// there (the first listed on a tie), when it is at least [`MARGIN`] faster than the CUDA cores.
+pub fn choose(candidates: &[Candidate], at: usize) -> Option<usize> {
+    let cuda = candidates.iter().find(|c| c.tensor_cores.is_none())?;
+    let best = candidates
+        .iter()
+        .filter(|c| c.tensor_cores.is_some())
+        .fold(None::<&Candidate>, |b, c| match b {
+            Some(b) if b.us[at] <= c.us[at] => Some(b),
+            _ => Some(c),
+        })?;
+    (best.us[at] < (1.0 - MARGIN) * cuda.us[at])
+        .then_some(best.tensor_cores)
+        .flatten()
+}
+
+/// The batches timed.
+const BATCHES: [usize; 2] = [1, plan::MAX_GEMV_BATCH];
+
+/// The cache file for this kernel build on this GPU.
+fn cache_file(kernel_key: &str, gpu: &str, sms: usize) -> Option<PathBuf> {
+    let slug: String = gpu
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    kernels::cache_dir().map(|d| d.join(format!("gemv-tune-{kernel_key}-{slug}-{sms}sm.json")))
+}
+
+/// The cached shapes; an unreadable or corrupt file is no cache (the shapes are timed again and
+/// the file rewritten).
+fn read_cache(path: &PathBuf) -> Vec<ShapeTuning> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Writes the cache atomically; a failed write only costs the next load the timing.
+fn write_cache(path: &PathBuf, shapes: &[ShapeTuning]) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let Ok(text) = serde_json::to_vec_pretty(shapes) else {
+        return;
+    };
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// Launches per timing: enough that a few-microsecond GEMV is timed over tens of launches.
+const MIN_LAUNCHES: usize = 16;
+/// Replays of the captured launches that are timed (after one untimed).
+const REPLAYS: usize = 3;
+
+impl CudaBackend {
+    /// Every decode GEMV of the step grouped by role and shape, in the step's order, reading
+    /// `x` and writing `y`.
+    fn gemv_groups(&self, x: u64, y: u64) -> Vec<Vec<Gemv<'_>>> {
+        let mut groups: Vec<Vec<Gemv<'_>>> = Vec::new();
+        let gemvs = self
+            .layers
+            .iter()
+            .flat_map(|l| self.sublayer_gemvs(l))
+            .chain([Gemv::new(
+                "gemv_lm_head",
+                GemvMode::LmHead,
+                self.lm_head(),
+                x,
+                0,
+            )]);
+        for mut g in gemvs {
+            (g.x, g.y) = (x, y);
+            let key = |g: &Gemv| (role(g.mode), g.w.rows, g.w.cols);
+            match groups.iter_mut().find(|gr| key(&gr[0]) == key(&g)) {
+                Some(gr) => gr.push(g),
+                None => groups.push(vec![g]),
+            }
+        }
+        groups
+    }
+
+    /// Microseconds per matrix of `group` at `batch` on the tensor cores or not: the group's
+    /// launches (repeated to at least [`MIN_LAUNCHES`]) captured into a graph, replayed once,
+    /// then [`REPLAYS`] times between two events. Where capture fails, the same launches direct.
+    fn time_group(
+        &self,
+        group: &[Gemv<'_>],
+        parts: u64,
+        batch: usize,
+        tensor_cores: Option<usize>,
+    ) -> Result<f64> {
+        let reps = MIN_LAUNCHES.div_ceil(group.len());
+        let launch_all = || -> Result<()> {
+            for _ in 0..reps {
+                for g in group {
+                    self.gemv_on(g, batch, parts, tensor_cores)?;
+                }
+            }
+            Ok(())
+        };
+        let captured = self
+            .stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .ok()
+            .and_then(|()| {
+                let launched = launch_all();
+                let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                launched.ok().and(ended.ok().flatten())
+            });
+        let run = || -> Result<()> {
+            match &captured {
+                Some(g) => g.launch().map_err(driver_err("graph launch")),
+                None => launch_all(),
+            }
+        };
+        let event = || {
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver_err("event create"))
+        };
+        let (start, end) = (event()?, event()?);
+        run()?;
+        start
+            .record(&self.stream)
+            .map_err(driver_err("event record"))?;
+        for _ in 0..REPLAYS {
+            run()?;
+        }
+        end.record(&self.stream)
+            .map_err(driver_err("event record"))?;
+        self.sync()?;
+        let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
+        Ok(ms * 1e3 / (REPLAYS * reps * group.len()) as f64)
+    }
+
+    /// Tunes (or reads from the cache) every GEMV shape of the model; the step launched after
+    /// this uses the choices.
+    pub(super) fn tune_gemvs(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let path = cache_file(&self.kernels.cache_key, &self.device_name, self.sms);
+        let mut cached = path.as_ref().map(read_cache).unwrap_or_default();
+        let batches = BATCHES;
+        // Zeroed scratch for 8 rows of every GEMV's input and output: zeros in, zeros out.
+        let c = &self.cfg;
+        let widest = self
+            .layers
+            .iter()
+            .flat_map(|l| self.sublayer_gemvs(l))
+            .map(|g| g.w.rows.max(g.w.cols))
+            .max()
+            .unwrap_or(0)
+            .max(c.hidden_size);
+        let rows = BATCHES[1];
+        let x = DevBuf::zeroed(rows * widest * F32)?;
+        let y = DevBuf::zeroed(rows * widest * F32)?;
+        let parts = DevBuf::zeroed(rows * 2 * plan::lm_head_blocks(c) * F32)?;
+        let mut shapes = Vec::new();
+        let mut timed = false;
+        for group in self.gemv_groups(x.ptr, y.ptr) {
+            let g = &group[0];
+            let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+            let r = role(g.mode);
+            let hit = cached.iter().find(|s| {
+                s.role == r
+                    && s.rows == rows
+                    && s.cols == cols
+                    && s.matrices == group.len()
+                    && s.batches == batches
+            });
+            if let Some(s) = hit {
+                shapes.push(s.clone());
+                continue;
+            }
+            timed = true;
+            let splits = if plan::tensor_cores_fit(rows, cols) {
+                plan::mma_ksplits(cols)
+            } else {
+                Vec::new()
+            };
+            let candidates = std::iter::once(None)
+                .chain(splits.into_iter().map(Some))
+                .map(|tc| {
+                    Ok(Candidate {
+                        tensor_cores: tc,
+                        us: [
+                            self.time_group(&group, parts.ptr, batches[0], tc)?,
+                            self.time_group(&group, parts.ptr, batches[1], tc)?,
+                        ],
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            shapes.push(ShapeTuning {
+                role: r.to_string(),
+                rows,
+                cols,
+                matrices: group.len(),
+                batches,
+                batch_1: choose(&candidates, 0),
+                batched: choose(&candidates, 1),
+                candidates,
+            });
+        }
+        if let (true, Some(p)) = (timed, &path) {
+            cached.retain(|c| !shapes.iter().any(|s| same_key(s, c)));
+            cached.extend(shapes.iter().cloned());
+            write_cache(p, &cached);
+        }
+        self.tuning = Tuning {
+            shapes,
+            cache: path.map(|p| p.display().to_string()),
+            from_cache: !timed,
+            tune_s: started.elapsed().as_secs_f64(),
+        };
+        Ok(())
+    }
+}
+
+fn same_key(a: &ShapeTuning, b: &ShapeTuning) -> bool {
+    (&a.role, a.rows, a.cols, a.matrices, a.batches)
+        == (&b.role, b.rows, b.cols, b.matrices, b.batches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(tensor_cores: Option<usize>, us: [f64; 2]) -> Candidate {
+        Candidate { tensor_cores, us }
+    }
+
+    fn shape(
+        role: &str,
+        rows: usize,
+        batch_1: Option<usize>,
+        batched: Option<usize>,
+    ) -> ShapeTuning {
+        ShapeTuning {
+            role: role.into(),
+            rows,
+            cols: 4096,
+            matrices: 32,
+            batches: BATCHES,
+            candidates: vec![cand(None, [10.0, 40.0]), cand(Some(8), [11.0, 14.0])],
+            batch_1,
+            batched,
+        }
+    }
+
+    #[test]
+    fn each_batch_class_gets_its_fastest_kernel() {
+        // Llama-3.2-1B's down as measured on the H200: the CUDA cores at batch 1, the tensor
+        // cores at batch 8, the fastest split there.
+        let c = [
+            cand(None, [11.7, 61.1]),
+            cand(Some(8), [14.7, 16.5]),
+            cand(Some(4), [22.9, 24.4]),
+            cand(Some(2), [38.5, 40.9]),
+        ];
+        assert_eq!(choose(&c, 0), None);
+        assert_eq!(choose(&c, 1), Some(8));
+        // The first listed wins a tie between splits.
+        let c = [
+            cand(None, [20.0, 60.0]),
+            cand(Some(8), [15.0, 25.0]),
+            cand(Some(4), [15.0, 25.0]),
+        ];
+        assert_eq!((choose(&c, 0), choose(&c, 1)), (Some(8), Some(8)));
+        // A near draw stays on the CUDA cores; a win by the margin does not.
+        let cuda = cand(None, [10.0, 12.0]);
+        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.9, 11.9])], 0), None);
+        assert_eq!(
+            choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 0),
+            Some(8)
+        );
+        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 1), None);
+        // A shape that does not fit the tensor cores stays on the CUDA cores.
+        assert_eq!(choose(&[cuda], 1), None);
+    }
+
+    #[test]
+    fn a_choice_applies_to_both_kernels_of_its_role_to_its_shape_and_batch_class() {
+        let t = Tuning {
+            shapes: vec![
+                shape("gate_up", 14336, None, Some(8)),
+                shape("residual", 4096, Some(4), None),
+            ],
+            ..Default::default()
+        };
+        for b in 2..=plan::MAX_GEMV_BATCH {
+            assert_eq!(
+                t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, b),
+                Some(8)
+            );
+            assert_eq!(
+                t.tensor_cores(GemvMode::NormSwigluOneWarp, 14336, 4096, b),
+                Some(8)
+            );
+            assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, b), None);
+        }
+        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, 1), None);
+        assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, 1), Some(4));
+        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 2048, 8), None);
+        assert_eq!(t.tensor_cores(GemvMode::Norm, 14336, 4096, 8), None);
+        // Before the tuning has run: the CUDA cores.
+        assert_eq!(
+            Tuning::default().tensor_cores(GemvMode::Residual, 4096, 4096, 8),
+            None
+        );
+        for m in GemvMode::ALL {
+            assert_eq!(role(m), role(m.on_tensor_cores().unwrap_or(m)));
+        }
+    }
+
+    #[test]
+    fn the_cache_survives_a_round_trip_and_a_corrupt_file_is_no_cache() {
+        let dir = std::env::temp_dir().join(format!("gemv-tune-test-{}", std::process::id()));
+        let path = dir.join("t.json");
+        let shapes = vec![
+            shape("norm", 6144, None, Some(8)),
+            shape("lm_head", 128256, Some(2), None),
+        ];
+        write_cache(&path, &shapes);
+        assert_eq!(read_cache(&path), shapes);
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(read_cache(&path).is_empty());
+        assert!(read_cache(&dir.join("absent.json")).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+        // The file is per kernel build and GPU, its name safe whatever the GPU's name.
+        if let Some(a) = cache_file("k1", "NVIDIA H200", 132) {
+            let name = a.file_name().unwrap().to_string_lossy().to_string();
+            assert_eq!(name, "gemv-tune-k1-NVIDIA-H200-132sm.json");
+            assert_ne!(Some(a), cache_file("k2", "NVIDIA H200", 132));
+        }
+    }
+}
