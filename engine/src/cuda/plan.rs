@@ -324,13 +324,15 @@ pub const MMA_TILE_ROWS: usize = 16;
 /// matrix's width alone. `None` where K is not in whole steps: that shape stays on the CUDA
 /// cores.
 pub fn mma_ksplit(cols: usize) -> Option<usize> {
-    let steps = cols
-        .checked_div(32 * MMA_U)
-        .filter(|_| cols % (32 * MMA_U) == 0)?;
+    let step = 32 * MMA_U;
+    if cols == 0 || cols % step != 0 {
+        return None;
+    }
+    let steps = cols / step;
     (0..=GEMV_WARPS.trailing_zeros())
         .rev()
         .map(|p| 1 << p)
-        .find(|k| steps % k == 0 && steps > 0)
+        .find(|k| steps % k == 0)
 }
 
 /// Whether a GEMV of this shape can run on the tensor cores: rows in whole tiles, K in whole
@@ -367,15 +369,12 @@ pub fn mma_ksplits(cols: usize) -> Vec<usize> {
     let Some(top) = mma_ksplit(cols) else {
         return Vec::new();
     };
-    [top, top / 2, top / 4]
+    let mut splits: Vec<usize> = [top, top / 2, top / 4]
         .into_iter()
         .filter(|&k| k >= 1)
-        .fold(Vec::new(), |mut v, k| {
-            if !v.contains(&k) {
-                v.push(k);
-            }
-            v
-        })
+        .collect();
+    splits.dedup();
+    splits
 }
 
 /// How the GEMV of `mode` over `rows` x `cols` is launched at `batch`: on the tensor cores with
