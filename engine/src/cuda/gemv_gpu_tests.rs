@@ -56,6 +56,33 @@ pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Seeded bf16 weights in [-1/16, 1/16): their bits.
+fn bf16_weights(n: usize, seed: u64) -> Vec<u16> {
+    values(n, seed)
+        .iter()
+        .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
+        .collect()
+}
+
+/// The f64 dot product of a bf16 weight row and an activation row, and the L2 norm of its
+/// products (the scale its rounding error is measured against).
+fn dot_f64(w: &[u16], x: &[f32]) -> (f64, f64) {
+    let (mut s, mut q) = (0f64, 0f64);
+    for (&h, &v) in w.iter().zip(x) {
+        let p = half::bf16::from_bits(h).to_f64() * v as f64;
+        s += p;
+        q += p * p;
+    }
+    (s, q.sqrt())
+}
+
+/// Blocks of `f` resident on the whole GPU at once, the persistent grids' bound.
+fn resident(f: &CudaFunction, sms: usize) -> usize {
+    f.occupancy_max_active_blocks_per_multiprocessor(plan::GEMV_THREADS, 0, None)
+        .unwrap() as usize
+        * sms
+}
+
 struct Gemv<'a> {
     stream: &'a CudaStream,
     sms: usize,
@@ -72,11 +99,7 @@ impl Gemv<'_> {
     fn run(&self, f: &CudaFunction, l: plan::GemvLaunch, batch: usize, x_row: usize) -> Vec<f32> {
         let n = batch * self.rows;
         self.y.write(0, &vec![0f32; n]).unwrap();
-        let resident = f
-            .occupancy_max_active_blocks_per_multiprocessor(plan::GEMV_THREADS, 0, None)
-            .unwrap() as usize
-            * self.sms;
-        let grid = plan::gemv_grid(l.units, l.ksplit, resident);
+        let grid = l.grid(resident(f, self.sms));
         let (rows, cols) = (self.rows as i32, self.cols as i32);
         launch!(f, self.stream, false, (grid, 1, 1), plan::GEMV_THREADS, 0;
             self.w.ptr, self.x.at(x_row * self.cols, 4), self.y.ptr, rows, cols, cols, rows,
@@ -99,10 +122,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     // tensor-core kernel's double-buffered reduction).
     for (rows, cols) in [(4096, 14336), (8192, 4096)] {
         assert!(plan::tensor_cores_fit(rows, cols));
-        let w: Vec<u16> = values(rows * cols, rows as u64)
-            .iter()
-            .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
-            .collect();
+        let w = bf16_weights(rows * cols, rows as u64);
         let x = values(B * cols, 7);
         let g = Gemv {
             stream: &stream,
@@ -119,19 +139,10 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
         let mut want = vec![0f64; B * rows];
         let mut scale = vec![0f64; B * rows];
         for r in 0..rows {
-            let wr: Vec<f64> = w[r * cols..(r + 1) * cols]
-                .iter()
-                .map(|&h| half::bf16::from_bits(h).to_f64())
-                .collect();
             for b in 0..B {
-                let xb = &x[b * cols..(b + 1) * cols];
-                let (mut s, mut q) = (0f64, 0f64);
-                for (a, &v) in wr.iter().zip(xb) {
-                    s += a * v as f64;
-                    q += (a * v as f64).powi(2);
-                }
+                let (s, q) = dot_f64(&w[r * cols..(r + 1) * cols], &x[b * cols..(b + 1) * cols]);
                 want[b * rows + r] = s;
-                scale[b * rows + r] = q.sqrt();
+                scale[b * rows + r] = q;
             }
         }
         let stream_launch = plan::GemvLaunch {
@@ -193,10 +204,7 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
     // A Llama-sized head (8 warps per tile, several tiles per block) and a Qwen2.5-0.5B-wide one
     // (K = 896: one warp per tile).
     for (rows, cols) in [(16384, 2048), (4096, 896)] {
-        let mut w: Vec<u16> = values(rows * cols, rows as u64 ^ 5)
-            .iter()
-            .map(|v| half::bf16::from_f32(v / 16.0).to_bits())
-            .collect();
+        let mut w = bf16_weights(rows * cols, rows as u64 ^ 5);
         // Rows 7 and rows - 3 equal and large: a tie the lowest row must win.
         for k in 0..cols {
             let v = half::bf16::from_f32(if k % 2 == 0 { 0.5 } else { -0.25 }).to_bits();
@@ -223,11 +231,7 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
             // (logits [batch][rows], the argmax from the candidates, per b)
             let run = |batch: usize, x_row: usize| -> (Vec<f32>, Vec<usize>) {
                 let f = kernels::function(&module, &l.mode.logits_kernel(batch)).unwrap();
-                let resident = f
-                    .occupancy_max_active_blocks_per_multiprocessor(plan::GEMV_THREADS, 0, None)
-                    .unwrap() as usize
-                    * sms;
-                let grid = l.grid(resident);
+                let grid = l.grid(resident(&f, sms));
                 let (r, c) = (rows as i32, cols as i32);
                 launch!(&f, &stream, false, (grid, 1, 1), plan::GEMV_THREADS, 0;
                     wd.ptr, xd.at(x_row * cols, 4), yd.ptr, r, c, c, r, l.ksplit as i32, 0u64,
@@ -268,15 +272,10 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
                 // Every logit is the f64 sum rounded to bf16, give or take the summation.
                 let xb = &x[b * cols..(b + 1) * cols];
                 for r in (0..rows).step_by(97).chain([7, rows - 3]) {
-                    let (mut s, mut q) = (0f64, 0f64);
-                    for (k, &v) in xb.iter().enumerate() {
-                        let p = half::bf16::from_bits(w[r * cols + k]).to_f64() * v as f64;
-                        s += p;
-                        q += p * p;
-                    }
+                    let (s, q) = dot_f64(&w[r * cols..(r + 1) * cols], xb);
                     let err = (yb[r] as f64 - s).abs();
                     assert!(
-                        err <= s.abs() / 128.0 + 1e-4 * q.sqrt(),
+                        err <= s.abs() / 128.0 + 1e-4 * q,
                         "tc {tc:?} {rows}x{cols}: logit {r} of b {b} is {}, want {s}",
                         yb[r]
                     );

@@ -48,6 +48,11 @@ impl<'a> Gemv<'a> {
             ..self
         }
     }
+
+    /// Output rows and K: gate/up's output rows each read a gate and an up row.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.w.rows / self.mode.weight_rows(), self.w.cols)
+    }
 }
 
 /// Where a kernel finds each row's position and its sequence's KV blocks.
@@ -126,7 +131,7 @@ impl CudaBackend {
     /// (tune.rs); `parts` receives the argmax candidates of the lm_head. Returns the grid (the
     /// lm_head's number of candidates).
     pub(super) fn gemv(&self, g: &Gemv, batch: usize, parts: u64) -> Result<u32> {
-        let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+        let (rows, cols) = g.shape();
         let grid = self.gemv_on(
             g,
             batch,
@@ -146,8 +151,7 @@ impl CudaBackend {
         parts: u64,
         tensor_cores: Option<usize>,
     ) -> Result<u32> {
-        // Gate/up's output rows each read a gate and an up row.
-        let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+        let (rows, cols) = g.shape();
         let l = plan::gemv_launch(rows, cols, g.mode, batch, tensor_cores);
         let grid = l.grid(self.f.resident[l.mode.index()][batch - 1]);
         // The logits variant runs after a graph launch, outside the step: no PDL.
@@ -163,6 +167,11 @@ impl CudaBackend {
         Ok(grid)
     }
 
+    /// The lm_head's GEMV over the normalised rows `xn` (its logits into `y` when asked for).
+    pub(super) fn lm_head_gemv(&self, xn: u64, y: u64) -> Gemv<'_> {
+        Gemv::new("gemv_lm_head", GemvMode::LmHead, self.lm_head(), xn, y)
+    }
+
     /// The lm_head over the normalised rows `xn` and the final argmax into `tokens`, advancing
     /// `positions` when given.
     pub(super) fn lm_head_argmax(
@@ -173,8 +182,7 @@ impl CudaBackend {
         tokens: u64,
         positions: u64,
     ) -> Result<()> {
-        let head = Gemv::new("gemv_lm_head", GemvMode::LmHead, self.lm_head(), xn, 0);
-        let nparts = self.gemv(&head, batch, parts)?;
+        let nparts = self.gemv(&self.lm_head_gemv(xn, 0), batch, parts)?;
         launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
             parts, nparts as i32, tokens, positions, (positions != 0) as i32)?;
         self.mark("argmax_final", 0)
@@ -269,13 +277,7 @@ impl CudaBackend {
         let v = self.verify.as_ref().expect("verify buffers allocated");
         let ids: Vec<i32> = forced.iter().map(|&t| t as i32).collect();
         v.forced.write(0, &ids)?;
-        let mut head = Gemv::new(
-            "gemv_lm_head",
-            GemvMode::LmHead,
-            self.lm_head(),
-            xn,
-            v.logits.ptr,
-        );
+        let mut head = self.lm_head_gemv(xn, v.logits.ptr);
         head.logits = true;
         self.gemv(&head, batch, v.parts.ptr)?;
         launch!(&self.f.score, &self.stream, false, (batch as u32, 1, 1), 1024, 0;

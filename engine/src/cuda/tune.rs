@@ -164,16 +164,10 @@ impl CudaBackend {
             .layers
             .iter()
             .flat_map(|l| self.sublayer_gemvs(l))
-            .chain([Gemv::new(
-                "gemv_lm_head",
-                GemvMode::LmHead,
-                self.lm_head(),
-                x,
-                0,
-            )]);
+            .chain([self.lm_head_gemv(x, 0)]);
         for mut g in gemvs {
             (g.x, g.y) = (x, y);
-            let key = |g: &Gemv| (role(g.mode), g.w.rows, g.w.cols);
+            let key = |g: &Gemv| (role(g.mode), g.shape());
             match groups.iter_mut().find(|gr| key(&gr[0]) == key(&g)) {
                 Some(gr) => gr.push(g),
                 None => groups.push(vec![g]),
@@ -261,7 +255,7 @@ impl CudaBackend {
         let mut timed = false;
         for group in self.gemv_groups(x.ptr, y.ptr) {
             let g = &group[0];
-            let (rows, cols) = (g.w.rows / g.mode.weight_rows(), g.w.cols);
+            let (rows, cols) = g.shape();
             let r = role(g.mode);
             let hit = cached.iter().find(|s| {
                 s.role == r
