@@ -62,6 +62,27 @@ pub trait Backend {
     /// distribution against `forced[i]`, the token the next step feeds in its place.
     fn decode_scored(&mut self, items: &[DecodeItem<'_>], forced: &[u32]) -> Result<Vec<Scored>>;
 
+    /// [`Backend::prefill`] of the prompts the scheduler admits together (one admission round):
+    /// each one's greedy next token. A backend may run their rows through the model together
+    /// (CUDA: one pass of several prompts, cuda/plan.rs `prefill_passes`); this default runs
+    /// them one after the other.
+    fn prefill_many(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<u32>> {
+        seqs.iter().map(|(t, b)| self.prefill(t, b)).collect()
+    }
+
+    /// [`Backend::prefill_scored`] of prompts admitted together, through the computation
+    /// [`Backend::prefill_many`] runs: `next[i]` is prompt i's first forced token.
+    fn prefill_many_scored(
+        &mut self,
+        seqs: &[(&[u32], &BlockTable)],
+        next: &[u32],
+    ) -> Result<Vec<Scored>> {
+        seqs.iter()
+            .zip(next)
+            .map(|((t, b), &n)| self.prefill_scored(t, b, n))
+            .collect()
+    }
+
     fn pool(&self) -> PoolShape;
 
     /// The `features` object of the `ready` event (docs/PROTOCOL.md).

@@ -14,7 +14,8 @@ pub struct BenchOptions {
     pub max_tokens: usize,
     pub repeat: usize,
     pub ttft_len: usize,
-    pub batch: usize,
+    /// Batch sizes of the throughput figures.
+    pub batches: Vec<usize>,
     pub batch_tokens: usize,
     pub seed: u64,
 }
@@ -83,24 +84,29 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         let (r, _) = run(engine, vec![ttft_prompt.clone()], 1, 1)?;
         ttft.push(r[0].ttft_s);
     }
-    let batch_prompts: Vec<Vec<u32>> = (0..opts.batch)
-        .map(|i| {
-            synthetic_prompt(
-                opts.prompt_lens[i % opts.prompt_lens.len()],
-                vocab,
-                opts.seed + 2000 + i as u64,
-            )
-        })
-        .collect();
-    run(engine, batch_prompts.clone(), opts.batch_tokens, opts.batch)?;
-    let mut batch_tps = Vec::new();
-    for _ in 0..opts.repeat {
-        let (r, wall) = run(engine, batch_prompts.clone(), opts.batch_tokens, opts.batch)?;
-        let n: usize = r.iter().map(|x| x.tokens.len()).sum();
-        batch_tps.push(n as f64 / wall);
-    }
     // NaN for no samples, as JSON's null.
     let median = |v: &[f64]| stats::median(v).unwrap_or(f64::NAN);
+    let mut batches = serde_json::Map::new();
+    for &batch in &opts.batches {
+        // `batch` prompts of the timed lengths in turn, all in flight at once.
+        let batch_prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|i| {
+                synthetic_prompt(
+                    opts.prompt_lens[i % opts.prompt_lens.len()],
+                    vocab,
+                    opts.seed + 2000 + i as u64,
+                )
+            })
+            .collect();
+        run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
+        let mut tps = Vec::new();
+        for _ in 0..opts.repeat {
+            let (r, wall) = run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
+            let n: usize = r.iter().map(|x| x.tokens.len()).sum();
+            tps.push(n as f64 / wall);
+        }
+        batches.insert(batch.to_string(), median(&tps).into());
+    }
     let spread = |v: &[f64]| {
         let m = median(v);
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -113,9 +119,10 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         "per_output_token_spread": spread(&per_token),
         "ttft_s": median(&ttft),
         "ttft_prompt_len": opts.ttft_len,
-        "batch": opts.batch,
         "batch_tokens": opts.batch_tokens,
-        "batch_throughput_tok_s": median(&batch_tps),
+        // Output tokens per second by batch size; the first also as batch_throughput_tok_s.
+        "batch_throughput_tok_s": opts.batches.first().and_then(|b| batches.get(&b.to_string())).cloned(),
+        "batches": batches,
         "timed_s": started.elapsed().as_secs_f64(),
         "prompt_lens": opts.prompt_lens,
         "max_tokens": opts.max_tokens,

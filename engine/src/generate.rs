@@ -329,22 +329,31 @@ impl Engine {
         let mut active: Vec<Active> = Vec::new();
         let mut total = 0;
         loop {
-            // Admit in order while there is room in the batch and in the pool.
-            while active.len() < job.batch() {
-                let Some(&index) = pending.front() else { break };
-                let prompt = &prompts[index];
-                let Some(table) = self
-                    .alloc
-                    .reserve(kv_tokens(prompt.len(), job.positions(index)))
-                else {
+            // Admit in order while there is room in the batch and in the pool, each round's
+            // prompts prefilled together; a prompt done at its first token leaves room for more.
+            loop {
+                let mut round = Vec::new();
+                while active.len() + round.len() < job.batch() {
+                    let Some(&index) = pending.front() else { break };
+                    let prompt = &prompts[index];
+                    let Some(table) = self
+                        .alloc
+                        .reserve(kv_tokens(prompt.len(), job.positions(index)))
+                    else {
+                        break;
+                    };
+                    pending.pop_front();
+                    round.push((index, table));
+                }
+                if round.is_empty() {
                     break;
-                };
-                pending.pop_front();
-                let seq = self.admit(job, index, table, start)?;
-                if self.finished(&seq, job) {
-                    total += self.retire(seq, emit)?;
-                } else {
-                    active.push(seq);
+                }
+                for seq in self.admit(job, round, start)? {
+                    if self.finished(&seq, job) {
+                        total += self.retire(seq, emit)?;
+                    } else {
+                        active.push(seq);
+                    }
                 }
             }
             if active.is_empty() {
@@ -373,38 +382,56 @@ impl Engine {
         })
     }
 
-    /// Prefills prompt `index` into `table`: its first token, or its first position's score.
+    /// Prefills the round's prompts, each into its table, together: each one's first token, or
+    /// its first position's score. At batch 1 a prompt's clock starts here; at batch N at the
+    /// request's start, so its time to first token includes the wait for its turn.
     fn admit(
         &mut self,
         job: Job<'_>,
-        index: usize,
-        table: BlockTable,
+        round: Vec<(usize, BlockTable)>,
         start: Instant,
-    ) -> Result<Active> {
-        let prompt = &job.prompts()[index];
+    ) -> Result<Vec<Active>> {
         let origin = if job.batch() == 1 {
             Instant::now()
         } else {
             start
         };
-        let (first, scores) = match job {
-            Job::Generate(_) => (self.backend.prefill(prompt, &table)?, Vec::new()),
+        let prompts = job.prompts();
+        let seqs: Vec<(&[u32], &BlockTable)> = round
+            .iter()
+            .map(|(i, t)| (prompts[*i].as_slice(), t))
+            .collect();
+        let firsts: Vec<(u32, Option<Scored>)> = match job {
+            Job::Generate(_) => self
+                .backend
+                .prefill_many(&seqs)?
+                .into_iter()
+                .map(|t| (t, None))
+                .collect(),
             Job::Verify(r) => {
-                let s = self
-                    .backend
-                    .prefill_scored(prompt, &table, r.forced[index][0])?;
-                (s.argmax, vec![s])
+                let next: Vec<u32> = round.iter().map(|(i, _)| r.forced[*i][0]).collect();
+                self.backend
+                    .prefill_many_scored(&seqs, &next)?
+                    .into_iter()
+                    .map(|s| (s.argmax, Some(s)))
+                    .collect()
             }
         };
-        Ok(Active {
-            index,
-            table,
-            tokens: vec![first],
-            scores,
-            prompt_len: prompt.len(),
-            origin,
-            ttft_s: origin.elapsed().as_secs_f64(),
-        })
+        drop(seqs);
+        let ttft_s = origin.elapsed().as_secs_f64();
+        Ok(round
+            .into_iter()
+            .zip(firsts)
+            .map(|((index, table), (first, score))| Active {
+                index,
+                table,
+                tokens: vec![first],
+                scores: score.into_iter().collect(),
+                prompt_len: prompts[index].len(),
+                origin,
+                ttft_s,
+            })
+            .collect())
     }
 
     /// One decode step for every active sequence, in one forward pass.
@@ -513,6 +540,68 @@ mod tests {
             results.push(r);
             Ok(())
         }
+    }
+
+    /// The CPU backend, counting the prompts of each `prefill_many` call.
+    struct Rounds {
+        inner: CpuBackend,
+        rounds: std::rc::Rc<std::cell::RefCell<Vec<usize>>>,
+    }
+
+    impl Backend for Rounds {
+        fn prefill(&mut self, tokens: &[u32], table: &BlockTable) -> Result<u32> {
+            self.inner.prefill(tokens, table)
+        }
+        fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
+            self.inner.decode(items)
+        }
+        fn prefill_scored(&mut self, t: &[u32], b: &BlockTable, next: u32) -> Result<Scored> {
+            self.inner.prefill_scored(t, b, next)
+        }
+        fn decode_scored(&mut self, i: &[DecodeItem<'_>], f: &[u32]) -> Result<Vec<Scored>> {
+            self.inner.decode_scored(i, f)
+        }
+        fn prefill_many(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<u32>> {
+            self.rounds.borrow_mut().push(seqs.len());
+            seqs.iter().map(|(t, b)| self.inner.prefill(t, b)).collect()
+        }
+        fn pool(&self) -> crate::kv::PoolShape {
+            self.inner.pool()
+        }
+        fn features(&self) -> serde_json::Value {
+            self.inner.features()
+        }
+    }
+
+    #[test]
+    fn the_prompts_admitted_together_are_prefilled_together_and_the_tokens_do_not_change() {
+        let (cfg, ckpt) = tiny_llama();
+        let many: Vec<Vec<i64>> = (0..7).map(|i| vec![10 + i, 20 + i, 30]).collect();
+        let run = |batch: usize, max_tokens: usize| {
+            let rounds = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let backend = Rounds {
+                inner: cpu(&cfg, &ckpt),
+                rounds: rounds.clone(),
+            };
+            let mut engine = Engine::new(Box::new(backend), cfg.clone(), 3, Faults::default());
+            let req = engine.validate(&many, max_tokens, true, batch).unwrap();
+            let mut got = Vec::new();
+            engine.generate(&req, collect(&mut got)).unwrap();
+            got.sort_by_key(|r| r.index);
+            let tokens: Vec<Vec<u32>> = got.into_iter().map(|r| r.tokens).collect();
+            let rounds = rounds.borrow().clone();
+            (tokens, rounds)
+        };
+        // Batch 3 over 7 prompts that end together: rounds of 3, 3, 1; batch 1: one at a time.
+        let (t3, r3) = run(3, 4);
+        assert_eq!(r3, [3, 3, 1]);
+        let (t1, r1) = run(1, 4);
+        assert_eq!(r1, [1; 7]);
+        assert_eq!(t3, t1);
+        // Done at their first token: each round retires at once and the next fills the batch.
+        let (t, r) = run(3, 1);
+        assert_eq!(r, [3, 3, 1]);
+        assert!(t.iter().all(|t| t.len() == 1));
     }
 
     #[test]

@@ -43,9 +43,10 @@ struct BenchArgs {
     /// Prompt length for time to first token.
     #[arg(long, default_value_t = 512)]
     ttft_len: usize,
-    /// Batch size for the throughput figure.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
+    /// Batch sizes for the throughput figures (e.g. 8,32; each needs --max-batch at least as
+    /// large).
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    batch: Vec<usize>,
     /// New tokens per prompt for the throughput figure.
     #[arg(long, default_value_t = 128)]
     batch_tokens: usize,
@@ -246,7 +247,7 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
         max_tokens: args.max_tokens,
         repeat: args.repeat,
         ttft_len: args.ttft_len,
-        batch: args.batch,
+        batches: args.batch.clone(),
         batch_tokens: args.batch_tokens,
         seed: 7,
     };
@@ -271,15 +272,21 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
             floor * 1e3
         );
     }
+    let batches: Vec<String> = args
+        .batch
+        .iter()
+        .map(|b| {
+            let tps = out["batches"][b.to_string()].as_f64().unwrap_or(f64::NAN);
+            format!("batch {b} x {} tokens: {tps:.0} tok/s", args.batch_tokens)
+        })
+        .collect();
     eprintln!(
-        "per output token {:.3} ms (spread {:.1}%); ttft({}) {:.2} ms; batch {} x {} tokens: {:.0} tok/s; load {load_s:.2} s; peak host {:.0} MiB{}",
+        "per output token {:.3} ms (spread {:.1}%); ttft({}) {:.2} ms; {}; load {load_s:.2} s; peak host {:.0} MiB{}",
         per_token * 1e3,
         out["per_output_token_spread"].as_f64().unwrap_or(0.0) * 100.0,
         args.ttft_len,
         out["ttft_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
-        args.batch,
-        args.batch_tokens,
-        out["batch_throughput_tok_s"].as_f64().unwrap_or(f64::NAN),
+        batches.join("; "),
         out["peak_host_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64,
         out["fraction_of_floor"]
             .as_f64()

@@ -16,6 +16,15 @@ const PROMPTS: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6, 7, 8, 9]];
 /// A fake unit (batch sizes 1 and 2, 8 tokens) whose golden margin at prompt 0's position 5 is
 /// `margin_p0_5` (0.5 elsewhere).
 fn unit(engine_args: &str, oracle_args: &str, margin_p0_5: f64) -> tempfile::TempDir {
+    unit_at(engine_args, oracle_args, margin_p0_5, "[1, 2]")
+}
+
+fn unit_at(
+    engine_args: &str,
+    oracle_args: &str,
+    margin_p0_5: f64,
+    batch_sizes: &str,
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let engine = common::write_fake_unit(d, &PROMPTS, engine_args, oracle_args);
@@ -27,7 +36,7 @@ fn unit(engine_args: &str, oracle_args: &str, margin_p0_5: f64) -> tempfile::Tem
         d.join("unit.toml"),
         format!(
             "name = \"fake\"\nmodel = \"model\"\n[battery]\nprompts = \"prompts.json\"\nmax_tokens = 8\n\
-             warmup = 0\nrepeat = 1\nbatch_sizes = [1, 2]\n[[golden]]\nfile = \"golden.json\"\n\
+             warmup = 0\nrepeat = 1\nbatch_sizes = {batch_sizes}\n[[golden]]\nfile = \"golden.json\"\n\
              [engine]\nbinary = \"{}\"\nblock_size = 16\nnum_blocks = 64\n[oracle]\nbackend = \"transformers\"\n\
              [watchdog]\nload_s = 20\nwarmup_s = 20\nbattery_s = 20\nverify_s = 20\nshutdown_s = 5\ngrace_s = 1\n",
             engine.display()
@@ -236,5 +245,65 @@ fn one_leg_alone_runs_and_the_gates_that_need_the_other_say_why_not() {
     assert!(
         stdout.contains("host: the oracle leg was not run (orchestrator run --legs engine)"),
         "{stdout}"
+    );
+}
+
+#[test]
+fn a_batch_larger_than_the_battery_runs_its_prompts_over_again_and_each_row_names_its_prompt() {
+    // Three prompts at batch 8: the request holds eight sequences, the battery's in turn; each
+    // row names its battery prompt (index) and repeat (copy), in the battery's results and in
+    // the teacher-forced verify alike, and the gate judges every row against its prompt.
+    let d = unit_at("--fault=wrong-tokens --gap=1e-7", "", 0.0, "[1, 8]");
+    let (out, rec) = run(d.path(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let engine = &rec["legs"]["engine"];
+    let rows = |v: &Value| -> Vec<(u64, u64)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["index"].as_u64().unwrap(),
+                    r["copy"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    let want = vec![
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (0, 2),
+        (1, 2),
+    ];
+    let batch8 = engine["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "batch" && r["batch"] == 8)
+        .expect("a batch-8 request");
+    assert_eq!(rows(&batch8["results"]), want);
+    // Every copy of a prompt got that prompt's tokens (the fake plants its fault by the
+    // request's index 0, so prompt 0's copies differ there).
+    let toks = |i: usize| batch8["results"][i]["tokens"].clone();
+    assert_eq!((toks(1), toks(2)), (toks(4), toks(5)));
+    assert_ne!(toks(0), toks(3));
+    let verify8 = engine["verify"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["batch"] == 8)
+        .expect("a batch-8 verify");
+    assert_eq!(rows(&verify8["rows"]), want);
+    // Prompt 0's planted difference, within tolerance, in each of its three rows at batch 8.
+    let v = token(&rec, "engine");
+    assert!(v.iter().all(|(verdict, _)| verdict == "pass"), "{v:?}");
+    let sentence = &v[0].1;
+    assert!(
+        sentence.contains("over 3 prompt(s)"),
+        "the gate counts the battery's prompts: {sentence}"
     );
 }

@@ -16,7 +16,7 @@ use super::device::{driver_err, DevBuf};
 use super::kernels;
 use super::load::{DecodeBufs, Funcs, Matrix, Mixer, PrefillBufs, Sublayer, VerifyBufs};
 use super::ops::{Attention, Mamba, Paging};
-use super::plan::{PrefillLayout, PREFILL_CHUNK};
+use super::plan::{self, PrefillLayout, StepPath, PREFILL_CHUNK};
 use super::profiler::Profiler;
 use crate::backend::{Backend, DecodeItem, Scored};
 use crate::config::ModelConfig;
@@ -47,6 +47,8 @@ pub struct CudaBackend {
     pub(super) kernels: kernels::Provenance,
     /// Which GEMV shapes run on the tensor cores (tune.rs).
     pub(super) tuning: super::tune::Tuning,
+    /// Which batches run the GEMVs and which cuBLAS (paths.rs).
+    pub(super) paths: super::paths::StepPaths,
     pub(super) degraded: Vec<String>,
     pub(super) use_graphs: bool,
     /// Programmatic dependent launch (device.rs `launch`): Hopper and later.
@@ -76,6 +78,9 @@ pub struct CudaBackend {
     pub(super) ssm_state: Vec<DevBuf>,
     pub(super) f: Funcs,
     pub(super) blas: CudaBlas,
+    /// cuBLAS's workspace, set on its handle so the GEMMs it captures into graphs allocate
+    /// nothing.
+    pub(super) _blas_workspace: DevBuf,
     pub(super) _module: Arc<CudaModule>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) ctx: Arc<CudaContext>,
@@ -104,47 +109,108 @@ impl CudaBackend {
             &self.cfg,
             PrefillLayout::new(&self.cfg, rows),
             self.dec.layout.max_blocks,
+            self.max_batch,
         )?);
         Ok(())
     }
 
-    /// The prompt through the model, its K and V into `table`'s blocks, its last row's
-    /// normalised hidden state into `last_xn` and the greedy token into `token` (not read).
-    fn prefill_forward(&mut self, tokens: &[u32], table: &BlockTable) -> Result<()> {
-        let chunk = tokens.len().min(PREFILL_CHUNK);
-        self.prefill_bufs(chunk)?;
+    /// The prompts through the model together (plan.rs `prefill_passes`: each cut as it is alone,
+    /// the pieces packed into passes of up to PREFILL_CHUNK rows; the GEMMs per piece, so a
+    /// prompt's bits are those of its prefill alone), each one's K and V into its table's blocks
+    /// and its recurrent state into its slot; prompt k's last row, normalised, into row k of
+    /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
+    /// `w` over each piece of a prefill pass: x (bf16, `w.cols` a row) to y (f32, `w.rows` a
+    /// row), with the rows the piece's prompt alone would give the GEMM.
+    fn gemm_pieces(
+        &self,
+        pass: &[plan::Segment],
+        w: &Matrix,
+        x: &DevBuf,
+        y: &DevBuf,
+        accumulate: bool,
+    ) -> Result<()> {
+        for s in pass {
+            self.gemm(
+                w,
+                x.at(s.row * w.cols, BF16),
+                y.at(s.row * w.rows, F32),
+                s.len,
+                accumulate,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
+        if seqs.is_empty() || seqs.len() > self.max_batch {
+            return Err(Error::Internal {
+                message: format!(
+                    "prefill of {} prompts at once, outside 1..={}",
+                    seqs.len(),
+                    self.max_batch
+                ),
+            });
+        }
+        let lens: Vec<usize> = seqs.iter().map(|(t, _)| t.len()).collect();
+        let passes = plan::prefill_passes(&lens, PREFILL_CHUNK);
+        let widest = passes
+            .iter()
+            .map(|p| p.iter().map(|s| s.len).sum::<usize>())
+            .max()
+            .unwrap_or(1);
+        self.prefill_bufs(widest)?;
         let h = self.cfg.hidden_size;
         let max_blocks = self.dec.layout.max_blocks;
         let pf = self.pf.as_ref().expect("allocated above");
-        let table_ids: Vec<i32> = table.blocks.iter().map(|&b| b as i32).collect();
-        pf.table.write(0, &table_ids)?;
-        pf.slot.write(0, &[table.state_slot.unwrap_or(0) as i32])?;
+        // Prompt k's block table is row k of `tables`; each row of a pass names its prompt.
+        let mut tables = vec![0i32; seqs.len() * max_blocks];
+        for (k, (_, t)) in seqs.iter().enumerate() {
+            for (dst, &b) in tables[k * max_blocks..].iter_mut().zip(&t.blocks) {
+                *dst = b as i32;
+            }
+        }
+        pf.tables.write(0, &tables)?;
         let paging = Paging {
             positions: pf.positions.ptr,
             row_table: pf.row_table.ptr,
-            tables: pf.table.ptr,
+            tables: pf.tables.ptr,
             max_blocks,
         };
-        let mut start = 0;
-        while start < tokens.len() {
-            let n = (tokens.len() - start).min(chunk);
-            let ids: Vec<i32> = tokens[start..start + n].iter().map(|&t| t as i32).collect();
-            let pos: Vec<i32> = (start as i32..(start + n) as i32).collect();
-            if start > 0 {
+        for (p, pass) in passes.iter().enumerate() {
+            let n: usize = pass.iter().map(|s| s.len).sum();
+            let (mut ids, mut pos, mut row_table) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            let (mut starts, mut slots) = (Vec::new(), Vec::new());
+            for s in pass {
+                let (tokens, table) = seqs[s.seq];
+                ids.extend(tokens[s.from..s.from + s.len].iter().map(|&t| t as i32));
+                pos.extend((s.from..s.from + s.len).map(|q| q as i32));
+                row_table.extend(std::iter::repeat_n(s.seq as i32, s.len));
+                starts.push(s.row as i32);
+                slots.push(table.state_slot.unwrap_or(0) as i32);
+            }
+            starts.push(n as i32);
+            if p > 0 {
                 // The uploads are synchronous copies on the legacy stream, which does not wait
-                // for `self.stream` (non-blocking): the previous chunk's kernels, still reading
+                // for `self.stream` (non-blocking): the previous pass's kernels, still reading
                 // these buffers (positions in every layer), must finish before they change.
                 self.sync()?;
             }
             pf.tokens.write(0, &ids)?;
             pf.positions.write(0, &pos)?;
+            pf.row_table.write(0, &row_table)?;
+            pf.starts.write(0, &starts)?;
+            pf.slots.write(0, &slots)?;
             launch!(&self.f.embed, &self.stream, self.pdl, (n as u32, 1, 1), 256, 0;
                 self.embed.buf.ptr, pf.tokens.ptr, pf.x.ptr, h as i32)?;
             for l in &self.layers {
                 self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
                 match &l.mixer {
                     Mixer::Attention(a) => {
-                        self.gemm(&a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
+                        self.gemm_pieces(pass, &a.qkv, &pf.xn_bf16, &pf.qkv, false)?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
                         self.attention(&Attention {
                             w: a,
@@ -159,10 +225,10 @@ impl CudaBackend {
                             out_bf16: pf.attn_bf16.ptr,
                             rope: false,
                         })?;
-                        self.gemm(&a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.gemm_pieces(pass, &a.o, &pf.attn_bf16, &pf.x, true)?;
                     }
                     Mixer::Mlp(m) => {
-                        self.gemm(&m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
+                        self.gemm_pieces(pass, &m.up, &pf.xn_bf16, &pf.gate_up, false)?;
                         let width = m.down.cols;
                         if m.swiglu {
                             launch!(&self.f.swiglu, &self.stream, self.pdl, ((width as u32).div_ceil(256), n as u32, 1), 256, 0;
@@ -170,31 +236,35 @@ impl CudaBackend {
                         } else {
                             self.relu2(pf.gate_up.ptr, n * width, 0, pf.act_bf16.ptr)?;
                         }
-                        self.gemm(&m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.gemm_pieces(pass, &m.down, &pf.act_bf16, &pf.x, true)?;
                     }
                     Mixer::Mamba(m) => {
-                        self.gemm(&m.in_proj, pf.xn_bf16.ptr, pf.zxbcdt.ptr, n, false)?;
+                        self.gemm_pieces(pass, &m.in_proj, &pf.xn_bf16, &pf.zxbcdt, false)?;
                         self.mamba(&Mamba {
                             w: m,
                             zxbcdt: pf.zxbcdt.ptr,
                             xbc: pf.xbc.ptr,
                             y: pf.ssm_y.ptr,
-                            seqs: 1,
-                            steps: n,
-                            slots: pf.slot.ptr,
+                            segments: pass.len(),
+                            rows: n,
+                            starts: pf.starts.ptr,
+                            slots: pf.slots.ptr,
                             positions: pf.positions.ptr,
                             prefill: true,
                             out_f32: 0,
                             out_bf16: pf.gated_bf16.ptr,
                         })?;
-                        self.gemm(&m.out_proj, pf.gated_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.gemm_pieces(pass, &m.out_proj, &pf.gated_bf16, &pf.x, true)?;
                     }
                 }
             }
-            start += n;
-            if start == tokens.len() {
-                self.rmsnorm(pf.x.at((n - 1) * h, F32), &self.norm, 1, pf.last_xn.ptr, 0)?;
-                self.lm_head_argmax(1, pf.last_xn.ptr, pf.parts.ptr, pf.token.ptr, 0)?;
+            // Each prompt that ends in this pass: its last row's norm and greedy token, one
+            // prompt at a time, as a prompt prefilled alone is.
+            for s in pass.iter().filter(|s| s.ends(lens[s.seq])) {
+                let last = pf.x.at((s.row + s.len - 1) * h, F32);
+                let xn = pf.last_xn.at(s.seq * h, F32);
+                self.rmsnorm(last, &self.norm, 1, xn, 0)?;
+                self.lm_head_argmax(1, xn, pf.parts.ptr, pf.tokens_out.at(s.seq, F32), 0)?;
             }
         }
         Ok(())
@@ -233,11 +303,32 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn prefill(&mut self, tokens: &[u32], table: &BlockTable) -> Result<u32> {
-        self.prefill_forward(tokens, table)?;
+        Ok(self.prefill_many(&[(tokens, table)])?[0])
+    }
+
+    fn prefill_many(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<u32>> {
+        self.prefill_forward(seqs)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
-        let mut out = [0i32; 1];
-        pf.token.read(&mut out, &self.stream)?;
-        Ok(out[0] as u32)
+        let mut out = vec![0i32; seqs.len()];
+        pf.tokens_out.read(&mut out, &self.stream)?;
+        Ok(out.into_iter().map(|t| t as u32).collect())
+    }
+
+    fn prefill_many_scored(
+        &mut self,
+        seqs: &[(&[u32], &BlockTable)],
+        next: &[u32],
+    ) -> Result<Vec<Scored>> {
+        self.verify_bufs()?;
+        self.prefill_forward(seqs)?;
+        let pf = self.pf.as_ref().expect("allocated by prefill_forward");
+        let h = self.cfg.hidden_size;
+        (0..seqs.len())
+            .map(|k| {
+                let (xn, token) = (pf.last_xn.at(k * h, F32), pf.tokens_out.at(k, F32));
+                Ok(self.score(1, xn, token, &next[k..k + 1], None)?[0])
+            })
+            .collect()
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {
@@ -256,10 +347,7 @@ impl Backend for CudaBackend {
     }
 
     fn prefill_scored(&mut self, tokens: &[u32], table: &BlockTable, next: u32) -> Result<Scored> {
-        self.verify_bufs()?;
-        self.prefill_forward(tokens, table)?;
-        let pf = self.pf.as_ref().expect("allocated by prefill_forward");
-        Ok(self.score(1, pf.last_xn.ptr, pf.token.ptr, &[next])?[0])
+        Ok(self.prefill_many_scored(&[(tokens, table)], &[next])?[0])
     }
 
     /// The same graph (or kernels) as `decode`, then the scoring kernels after it; the device's
@@ -270,7 +358,15 @@ impl Backend for CudaBackend {
         self.verify_bufs()?;
         let wanted = self.upload_rows(items)?;
         self.run_step(batch)?;
-        let scores = self.score(batch, self.dec.xn.ptr, self.dec.tokens.ptr, forced)?;
+        // cuBLAS's step leaves its bf16-rounded logits: the ones its argmax compared.
+        let step_logits = (self.path(batch) == StepPath::Blas).then_some(self.dec.logits.ptr);
+        let scores = self.score(
+            batch,
+            self.dec.xn.ptr,
+            self.dec.tokens.ptr,
+            forced,
+            step_logits,
+        )?;
         self.advance_rows(wanted, forced.iter().copied());
         Ok(scores)
     }
@@ -298,6 +394,8 @@ impl Backend for CudaBackend {
             "kernels": kernels::names(),
             "kernel_cache": self.kernels,
             "gemv_tuning": self.tuning,
+            "step_paths": self.paths,
+            "max_batch": self.max_batch,
             "prefill_gemm": "cublas bf16 -> f32",
             "degraded": self.degraded,
         });

@@ -249,6 +249,7 @@ mod tests {
             "rope_kv",
             "swiglu",
             "argmax_final",
+            "argmax_rows",
             "score_forced",
             "mamba_conv",
             "mamba_ssm",

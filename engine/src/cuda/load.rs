@@ -19,6 +19,9 @@ use crate::hybrid::cpu::state_slot_bytes;
 use crate::kv::{self, PoolSize};
 use crate::weights::{Checkpoint, DType};
 
+/// cuBLAS's workspace: 32 MiB, what torch gives it on Hopper.
+const BLAS_WORKSPACE: usize = 32 << 20;
+
 /// A weight matrix on the device: `rows` x `cols` bf16, row-major, as torch stores
 /// `nn.Linear.weight` ([out, in]).
 pub(super) struct Matrix {
@@ -106,6 +109,8 @@ pub(super) struct Funcs {
     pub attention: CudaFunction,
     pub swiglu: CudaFunction,
     pub argmax_final: CudaFunction,
+    /// The cuBLAS step's argmax over its logits.
+    pub argmax_rows: CudaFunction,
     /// The verify request's scoring after a step: the lm_head writing its logits
     /// (`lm_head_logits[tensor cores as usize][batch - 1]`: `gemv_m5_logits_b{batch}`,
     /// `gemv_m12_logits_b{batch}`), and `score_forced`.
@@ -137,21 +142,31 @@ pub(super) struct DecodeBufs {
     pub part_o: DevBuf,
     pub part_ml: DevBuf,
     pub counts: DevBuf,
-    /// Each row's recurrent-state slot (a hybrid's), and the Mamba mixer's buffers.
+    /// Each row's recurrent-state slot (a hybrid's); 0, 1, ..., max_batch (each row its own
+    /// segment, mamba.cu); the Mamba mixer's buffers.
     pub slots: DevBuf,
+    pub starts: DevBuf,
     pub zxbcdt: DevBuf,
     pub xbc: DevBuf,
     pub ssm_y: DevBuf,
     pub gated: DevBuf,
+    /// The cuBLAS step's (plan.rs `DecodeLayout`).
+    pub xn_bf16: DevBuf,
+    pub act_bf16: DevBuf,
+    pub attn_bf16: DevBuf,
+    pub gated_bf16: DevBuf,
+    pub up: DevBuf,
+    pub logits: DevBuf,
 }
 
+/// Prefill's scratch for a pass of up to `layout.rows` rows of up to `seqs` prompts.
 pub(super) struct PrefillBufs {
     pub layout: PrefillLayout,
     pub tokens: DevBuf,
     pub positions: DevBuf,
-    /// All zeros: every prefill row uses table 0.
+    /// Each row's prompt (its block table in `tables`).
     pub row_table: DevBuf,
-    pub table: DevBuf,
+    pub tables: DevBuf,
     pub x: DevBuf,
     pub xn_bf16: DevBuf,
     pub qkv: DevBuf,
@@ -161,16 +176,19 @@ pub(super) struct PrefillBufs {
     pub part_o: DevBuf,
     pub part_ml: DevBuf,
     pub counts: DevBuf,
-    /// The prompt's recurrent-state slot, and the Mamba mixer's buffers.
-    pub slot: DevBuf,
+    /// The pass's segments (one per prompt with rows in it, plan.rs `prefill_passes`): each one's
+    /// recurrent-state slot and first row; and the Mamba mixer's buffers.
+    pub slots: DevBuf,
+    pub starts: DevBuf,
     pub zxbcdt: DevBuf,
     pub xbc: DevBuf,
     pub ssm_y: DevBuf,
     pub gated_bf16: DevBuf,
-    /// The last row, normalised, its argmax candidates and its token.
+    /// Each prompt's last row, normalised; the lm_head's argmax candidates (one row at a time);
+    /// each prompt's greedy token.
     pub last_xn: DevBuf,
     pub parts: DevBuf,
-    pub token: DevBuf,
+    pub tokens_out: DevBuf,
 }
 
 /// The verify request's scratch, allocated at its first use: the lm_head's logits and argmax
@@ -310,11 +328,12 @@ impl CudaBackend {
     ) -> Result<Self> {
         libraries_present(ordinal)?;
         plan::check_model(cfg)?;
-        if max_batch > plan::MAX_GEMV_BATCH {
+        if max_batch > plan::MAX_BATCH {
             return Err(Error::Config {
                 message: format!(
-                    "--max-batch {max_batch} exceeds the CUDA backend's {}",
-                    plan::MAX_GEMV_BATCH
+                    "--max-batch {max_batch} exceeds the CUDA backend's {}; give at most {}",
+                    plan::MAX_BATCH,
+                    plan::MAX_BATCH
                 ),
             });
         }
@@ -346,6 +365,20 @@ impl CudaBackend {
         let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| Error::Load {
             message: format!("cuBLAS (libcublas.so.13) could not start: {e:?}"),
         })?;
+        let blas_workspace = DevBuf::zeroed(BLAS_WORKSPACE)?;
+        // SAFETY: the handle and the buffer are live; the buffer outlives every GEMM (field
+        // order in CudaBackend).
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                blas_workspace.ptr as *mut _,
+                blas_workspace.bytes,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Load {
+            message: format!("cuBLAS refused its workspace: {e:?}"),
+        })?;
 
         let w = upload_weights(cfg, ckpt, faults)?;
         // Nemotron-H's attention has no RoPE: zero frequencies rotate by exactly nothing
@@ -375,8 +408,9 @@ impl CudaBackend {
             }
         }
         let dec = DecodeBufs::new(DecodeLayout::new(cfg, &pool, max_batch))?;
-        let identity: Vec<i32> = (0..max_batch as i32).collect();
-        dec.row_table.write(0, &identity)?;
+        let identity: Vec<i32> = (0..=max_batch as i32).collect();
+        dec.row_table.write(0, &identity[..max_batch])?;
+        dec.starts.write(0, &identity)?;
 
         let sw = switches(&gpu)?;
         let mut backend = Self {
@@ -390,6 +424,7 @@ impl CudaBackend {
             sms: gpu.sms,
             kernels: provenance,
             tuning: Default::default(),
+            paths: Default::default(),
             degraded: sw.degraded,
             use_graphs: sw.use_graphs,
             pdl: sw.pdl,
@@ -411,11 +446,13 @@ impl CudaBackend {
             ssm_state,
             f,
             blas,
+            _blas_workspace: blas_workspace,
             _module: module,
             stream: gpu.stream,
             ctx: gpu.ctx,
         };
         backend.tune_gemvs()?;
+        backend.choose_paths()?;
         backend.capture_or_degrade();
         backend.sync()?;
         Ok(backend)
@@ -478,6 +515,7 @@ impl Funcs {
             attention: k(&plan::attention_kernel(cfg))?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
+            argmax_rows: k("argmax_rows")?,
             lm_head_logits: [logits(GemvMode::LmHead)?, logits(GemvMode::LmHeadMma)?],
             score: k("score_forced")?,
             mamba_conv: k("mamba_conv")?,
@@ -508,24 +546,36 @@ impl DecodeBufs {
             part_ml: b(layout.part_ml)?,
             counts: b(layout.counts)?,
             slots: b(layout.max_batch)?,
+            starts: b(layout.max_batch + 1)?,
             zxbcdt: b(layout.zxbcdt.max(1))?,
             xbc: b(layout.xbc.max(1))?,
             ssm_y: b(layout.ssm_y.max(1))?,
             gated: b(layout.gated.max(1))?,
+            xn_bf16: DevBuf::zeroed(layout.xn_bf16 * BF16)?,
+            act_bf16: DevBuf::zeroed(layout.act_bf16 * BF16)?,
+            attn_bf16: DevBuf::zeroed(layout.attn_bf16 * BF16)?,
+            gated_bf16: DevBuf::zeroed(layout.gated_bf16 * BF16)?,
+            up: b(layout.up)?,
+            logits: b(layout.logits)?,
             layout,
         })
     }
 }
 
 impl PrefillBufs {
-    pub(super) fn new(cfg: &ModelConfig, layout: PrefillLayout, max_blocks: usize) -> Result<Self> {
+    pub(super) fn new(
+        cfg: &ModelConfig,
+        layout: PrefillLayout,
+        max_blocks: usize,
+        seqs: usize,
+    ) -> Result<Self> {
         let f = |n: usize| DevBuf::zeroed(n * F32);
         let h = |n: usize| DevBuf::zeroed(n * BF16);
         Ok(Self {
             tokens: f(layout.rows)?,
             positions: f(layout.rows)?,
             row_table: f(layout.rows)?,
-            table: f(max_blocks)?,
+            tables: f(seqs * max_blocks)?,
             x: f(layout.x)?,
             xn_bf16: h(layout.xn_bf16)?,
             qkv: f(layout.qkv)?,
@@ -535,14 +585,15 @@ impl PrefillBufs {
             part_o: f(layout.part_o)?,
             part_ml: f(layout.part_ml)?,
             counts: f(layout.counts)?,
-            slot: f(1)?,
+            slots: f(seqs)?,
+            starts: f(seqs + 1)?,
             zxbcdt: f(layout.zxbcdt.max(1))?,
             xbc: f(layout.xbc.max(1))?,
             ssm_y: f(layout.ssm_y.max(1))?,
             gated_bf16: h(layout.gated_bf16.max(1))?,
-            last_xn: f(cfg.hidden_size)?,
+            last_xn: f(seqs * cfg.hidden_size)?,
             parts: f(2 * plan::lm_head_blocks(cfg))?,
-            token: f(1)?,
+            tokens_out: f(seqs)?,
             layout,
         })
     }

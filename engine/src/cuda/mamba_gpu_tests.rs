@@ -96,8 +96,10 @@ struct Run {
     out: DevBuf,
 }
 
-/// Launches conv, SSM and gated norm over `seqs` sequences of `steps` rows of `zx`, as the
-/// backend does (ops.rs `mamba`), and returns the gated output.
+/// Launches conv, SSM and gated norm over the segments `starts` (segment s the rows
+/// `starts[s]..starts[s + 1]` of `zx`, in slot `slots[s]`), as the backend does (ops.rs
+/// `mamba`), the SSM staging `tile` rows at a time through shared memory (0: none, as decode),
+/// and returns the gated output.
 #[allow(clippy::too_many_arguments)]
 fn launch_mixer(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
@@ -105,32 +107,35 @@ fn launch_mixer(
     mx: &Mixer,
     r: &Run,
     zx: &[f32],
-    seqs: usize,
-    steps: usize,
+    starts: &[i32],
     slots: &[i32],
     positions: &[i32],
     dt_min: f32,
+    tile: usize,
 ) -> Vec<f32> {
     let k = |n: &str| kernels::function(module, n).unwrap();
     let m = &mx.m;
     let (inner, conv_dim, in_dim) = (m.inner(), m.conv_dim(), m.in_proj_dim());
     let split = plan::mamba_ssm_split(m.d_state).unwrap();
-    let (zx_d, slots_d, pos_d) = (upload(zx), upload(slots), upload(positions));
+    let (segs, rows) = (slots.len(), *starts.last().unwrap() as usize);
+    let (zx_d, slots_d, pos_d, starts_d) =
+        (upload(zx), upload(slots), upload(positions), upload(starts));
     let i = |v: usize| v as i32;
     let dev = &mx.dev;
-    launch!(&k("mamba_conv"), stream, false, ((conv_dim as u32).div_ceil(128), seqs as u32, 1), 128, 0;
-        zx_d.ptr, i(steps), i(in_dim), i(inner), i(conv_dim), i(m.conv_kernel), dev[0].ptr, dev[1].ptr,
-        r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
+    launch!(&k("mamba_conv"), stream, false, ((conv_dim as u32).div_ceil(128), segs as u32, 1), 128, 0;
+        zx_d.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.conv_kernel), dev[0].ptr,
+        dev[1].ptr, r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
     .unwrap();
-    launch!(&k("mamba_ssm"), stream, false, (m.num_heads as u32, seqs as u32, 1), (m.head_dim * split) as u32, 0;
-        zx_d.ptr, r.xbc.ptr, i(steps), i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
-        i(m.d_state), i(m.n_groups), i(split), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
+    launch!(&k("mamba_ssm"), stream, false, (m.num_heads as u32, segs as u32, 1), (m.head_dim * split) as u32,
+        plan::mamba_scan_smem_bytes(m, tile);
+        zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
+        i(m.d_state), i(m.n_groups), i(split), i(tile), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
         slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
     .unwrap();
-    launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, (seqs * steps) as u32, 1), 256, 0;
+    launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, rows as u32, 1), 256, 0;
         r.y.ptr, zx_d.ptr, i(in_dim), i(inner), i(m.n_groups), dev[5].ptr, m.eps, r.out.ptr, 0u64)
     .unwrap();
-    let mut got = vec![0f32; seqs * steps * inner];
+    let mut got = vec![0f32; rows * inner];
     r.out.read(&mut got, stream).unwrap();
     got
 }
@@ -145,10 +150,11 @@ fn assert_close(want: &[f32], got: &[f32], what: &str) {
     assert!(worst <= 1e-4 * scale, "{what}: {worst} of {scale}");
 }
 
-/// Decode (three rows in scattered slots, one step each, twice: from a fresh state, then
-/// carrying it) and prefill (one sequence of several rows in one launch, then a decode step from
-/// the state it left) on the 8B's per-head sizes and on a small state of one thread per channel,
-/// against the CPU reference step by step; then the states each slot holds.
+/// Decode (rows in scattered slots, one step each, twice: from a fresh state, then carrying it),
+/// prefill (one sequence of several rows in one launch, then a decode step from the state it
+/// left) and two prompts prefilled together in tiles of two rows, continuing from their states,
+/// on the 8B's per-head sizes and on a small state of one thread per channel, against the CPU
+/// reference step by step; then the states each slot holds.
 #[test]
 fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
     let Some((ctx, stream, _)) = gpu() else {
@@ -188,18 +194,30 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             let (conv, ssm) = &mut cpu[slot];
             step(m, &mx.params(), &mut State { conv, ssm }, zx, dt_min)
         };
-        // Decode: rows in slots 2, 0 (positions 0, then 1).
+        // Decode: rows in slots 2, 0 (positions 0, then 1), each its own segment.
         let slots = [2i32, 0];
         for t in 0..2 {
             let zx = values(slots.len() * in_dim, 10 + t as u64);
-            let got = launch_mixer(&stream, &module, &mx, &r, &zx, 2, 1, &slots, &[t; 2], 0.0);
+            let got = launch_mixer(
+                &stream,
+                &module,
+                &mx,
+                &r,
+                &zx,
+                &[0, 1, 2],
+                &slots,
+                &[t; 2],
+                0.0,
+                0,
+            );
             for (row, &slot) in slots.iter().enumerate() {
                 let want = reference(slot as usize, &zx[row * in_dim..(row + 1) * in_dim], 0.0);
                 let what = format!("{heads}x{hd}x{n} decode step {t} row {row}");
                 assert_close(&want, &got[row * inner..(row + 1) * inner], &what);
             }
         }
-        // Prefill: slot 1, rows at positions 0..5 in one launch (dt clamped), then a decode step.
+        // Prefill: slot 1, rows at positions 0..5 in one launch (dt clamped), staged as the
+        // backend stages them; then a decode step.
         let zx = values(5 * in_dim, 20);
         let got = launch_mixer(
             &stream,
@@ -207,11 +225,11 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             &mx,
             &r,
             &zx,
-            1,
-            5,
+            &[0, 5],
             &[1],
             &[0, 1, 2, 3, 4],
             0.001,
+            plan::mamba_scan_tile(m),
         );
         for t in 0..5 {
             let want = reference(1, &zx[t * in_dim..(t + 1) * in_dim], 0.001);
@@ -219,13 +237,33 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             assert_close(&want, &got[t * inner..(t + 1) * inner], &what);
         }
         let zx = values(in_dim, 21);
-        let got = launch_mixer(&stream, &module, &mx, &r, &zx, 1, 1, &[1], &[5], 0.0);
+        let got = launch_mixer(&stream, &module, &mx, &r, &zx, &[0, 1], &[1], &[5], 0.0, 0);
         let want = reference(1, &zx, 0.0);
         assert_close(
             &want,
             &got,
             &format!("{heads}x{hd}x{n} decode after prefill"),
         );
+        // Two prompts prefilled together, continuing from their states (slots 0 and 2 at
+        // positions 2..5 and 2..4), in tiles of two rows: three rows of one, two of the other.
+        let zx = values(5 * in_dim, 22);
+        let got = launch_mixer(
+            &stream,
+            &module,
+            &mx,
+            &r,
+            &zx,
+            &[0, 3, 5],
+            &[0, 2],
+            &[2, 3, 4, 2, 3],
+            0.001,
+            2,
+        );
+        for (row, slot) in [0usize, 0, 0, 2, 2].into_iter().enumerate() {
+            let want = reference(slot, &zx[row * in_dim..(row + 1) * in_dim], 0.001);
+            let what = format!("{heads}x{hd}x{n} two-prompt prefill row {row}");
+            assert_close(&want, &got[row * inner..(row + 1) * inner], &what);
+        }
         // The states each slot holds: the device's SSM state is [heads][N][hd].
         let mut ssm_dev = vec![0f32; n_slots * heads * n * hd];
         r.ssm_state.read(&mut ssm_dev, &stream).unwrap();

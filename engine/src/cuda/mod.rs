@@ -6,6 +6,7 @@ pub mod device;
 pub mod kernels;
 mod load;
 mod ops;
+mod paths;
 pub mod plan;
 mod profiler;
 mod step;

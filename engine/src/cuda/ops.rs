@@ -84,20 +84,24 @@ pub(super) struct Attention<'a> {
     pub rope: bool,
 }
 
-/// The Mamba-2 mixer's recurrent core (mamba.cu) over `seqs` sequences of `steps` consecutive
-/// rows each of `zxbcdt` (in_proj's output): the conv into `xbc`, the SSM into `y`, the gated
-/// norm into `out_f32`/`out_bf16` (0: not written).
+/// The Mamba-2 mixer's recurrent core (mamba.cu) over `segments` runs of consecutive rows of
+/// `zxbcdt` (in_proj's output), segment s the rows `starts[s]..starts[s + 1]` of one sequence, in
+/// `rows` rows: the conv into `xbc`, the SSM into `y`, the gated norm into `out_f32`/`out_bf16`
+/// (0: not written).
 pub(super) struct Mamba<'a> {
     pub w: &'a MambaWeights,
     pub zxbcdt: u64,
     pub xbc: u64,
     pub y: u64,
-    pub seqs: usize,
-    pub steps: usize,
-    /// Each sequence's state slot, and each row's position.
+    pub segments: usize,
+    pub rows: usize,
+    /// Each segment's first row, and one past the last segment's last (device i32s).
+    pub starts: u64,
+    /// Each segment's state slot, and each row's position.
     pub slots: u64,
     pub positions: u64,
-    /// Transformers' prefill arithmetic: dt clamped from below at `time_step_min`.
+    /// Transformers' prefill arithmetic: dt clamped from below at `time_step_min`; and the SSM's
+    /// inputs staged through shared memory, a tile of rows at a time.
     pub prefill: bool,
     pub out_f32: u64,
     pub out_bf16: u64,
@@ -236,21 +240,27 @@ impl CudaBackend {
         let i = |v: usize| v as i32;
         let dt_min = if m.prefill { hy.time_step_min } else { 0.0 };
         launch!(&self.f.mamba_conv, &self.stream, self.pdl,
-            ((conv_dim as u32).div_ceil(128), m.seqs as u32, 1), 128, 0;
-            m.zxbcdt, i(m.steps), i(in_dim), i(inner), i(conv_dim), i(hy.conv_kernel), w.conv_w.ptr,
+            ((conv_dim as u32).div_ceil(128), m.segments as u32, 1), 128, 0;
+            m.zxbcdt, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.conv_kernel), w.conv_w.ptr,
             ptr_or_null(&w.conv_b), self.conv_state[w.state].ptr, m.slots, m.positions, m.xbc)?;
         self.mark("mamba_conv", 0)?;
+        let tile = if m.prefill {
+            plan::mamba_scan_tile(hy)
+        } else {
+            0
+        };
         launch!(&self.f.mamba_ssm, &self.stream, self.pdl,
-            (hy.num_heads as u32, m.seqs as u32, 1), (hy.head_dim * split) as u32, 0;
-            m.zxbcdt, m.xbc, i(m.steps), i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
-            i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), w.dt_bias.ptr, w.a.ptr, w.d.ptr,
-            self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
+            (hy.num_heads as u32, m.segments as u32, 1), (hy.head_dim * split) as u32,
+            plan::mamba_scan_smem_bytes(hy, tile);
+            m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
+            i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,
+            w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
         self.mark("mamba_ssm", 0)?;
         // One thread per channel of a group (up to 1,024): a block per (group, row) is all the
         // parallelism there is at batch 1 (8 blocks on the 8B).
         let threads = (inner / hy.n_groups).next_multiple_of(32).min(1024) as u32;
         launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,
-            (hy.n_groups as u32, (m.seqs * m.steps) as u32, 1), threads, 0;
+            (hy.n_groups as u32, m.rows as u32, 1), threads, 0;
             m.y, m.zxbcdt, i(in_dim), i(inner), i(hy.n_groups), w.gate_norm.ptr, hy.eps, m.out_f32,
             m.out_bf16)?;
         self.mark("mamba_gated_norm", 0)
@@ -266,22 +276,30 @@ impl CudaBackend {
     /// The verify request's score of `batch` rows whose normalised last hidden states are `xn`
     /// and greedy tokens `tokens` (what a step or a prefill left): the lm_head again, writing
     /// its logits (the same kernel code and sums as the step's own), then `score_forced` against
-    /// `forced`, which also makes `tokens` the forced ones. Needs the verify buffers.
+    /// `forced`, which also makes `tokens` the forced ones. A cuBLAS step has left its logits
+    /// (`step_logits`): they are scored as they are. Needs the verify buffers.
     pub(super) fn score(
         &self,
         batch: usize,
         xn: u64,
         tokens: u64,
         forced: &[u32],
+        step_logits: Option<u64>,
     ) -> Result<Vec<Scored>> {
         let v = self.verify.as_ref().expect("verify buffers allocated");
         let ids: Vec<i32> = forced.iter().map(|&t| t as i32).collect();
         v.forced.write(0, &ids)?;
-        let mut head = self.lm_head_gemv(xn, v.logits.ptr);
-        head.logits = true;
-        self.gemv(&head, batch, v.parts.ptr)?;
+        let logits = match step_logits {
+            Some(l) => l,
+            None => {
+                let mut head = self.lm_head_gemv(xn, v.logits.ptr);
+                head.logits = true;
+                self.gemv(&head, batch, v.parts.ptr)?;
+                v.logits.ptr
+            }
+        };
         launch!(&self.f.score, &self.stream, false, (batch as u32, 1, 1), 1024, 0;
-            v.logits.ptr, self.cfg.vocab_size as i32, tokens, v.forced.ptr, v.scored.ptr)?;
+            logits, self.cfg.vocab_size as i32, tokens, v.forced.ptr, v.scored.ptr)?;
         let mut out = vec![0f32; 3 * batch];
         v.scored.read(&mut out, &self.stream)?;
         Ok(out
@@ -292,6 +310,20 @@ impl CudaBackend {
                 scale: r[2],
             })
             .collect())
+    }
+
+    /// [`CudaBackend::gemm`] in a decode step, with the profiler's mark.
+    pub(super) fn blas_gemm(
+        &self,
+        name: &'static str,
+        w: &Matrix,
+        x: u64,
+        y: u64,
+        rows: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.gemm(w, x, y, rows, accumulate)?;
+        self.mark(name, w.rows * w.cols * BF16)
     }
 
     /// y[rows, out] (+)= x[rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out.

@@ -65,6 +65,24 @@ pub fn mamba_ssm_split(d_state: usize) -> Option<usize> {
     None
 }
 
+/// Rows of a prefill segment `mamba_ssm` stages in shared memory at once: the most, up to 32,
+/// whose inputs ([`mamba_scan_smem_bytes`]) fit the 48 KiB a block gets without asking.
+pub fn mamba_scan_tile(m: &crate::hybrid::Mamba) -> usize {
+    let mut tile = 32;
+    while tile > 1 && mamba_scan_smem_bytes(m, tile) > 48 << 10 {
+        tile /= 2;
+    }
+    tile
+}
+
+/// Dynamic shared memory of `mamba_ssm` staging `tile` rows (0 for decode, which stages none):
+/// per row the group's B and C, each padded by one word per thread of a channel, the head's x
+/// and its dt, f32.
+pub fn mamba_scan_smem_bytes(m: &crate::hybrid::Mamba, tile: usize) -> u32 {
+    let split = mamba_ssm_split(m.d_state).unwrap_or(1);
+    (tile * (2 * (m.d_state + split) + m.head_dim + 1) * 4) as u32
+}
+
 /// The decode GEMV kernels of gemv.cu, each compiled for 1..=[`MAX_GEMV_BATCH`] activation rows
 /// as `gemv_m{number}_b{batch}` (the number is gemv.cu's `MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,8 +191,88 @@ impl GemvMode {
 
 /// The GEMV kernels are instantiated for 1..=8 activation rows.
 pub const MAX_GEMV_BATCH: usize = 8;
+/// The most sequences the CUDA backend decodes in one step (`--max-batch`): batches of up to
+/// [`MAX_GEMV_BATCH`] may run the decode GEMVs, larger ones run cuBLAS ([`StepPath`]).
+pub const MAX_BATCH: usize = 32;
+
+/// How a decode step computes its matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum StepPath {
+    /// gemv.cu's decode GEMVs (the load-time tuning's kernel per shape), RMSNorm and the
+    /// activation folded in, f32 activations (about 16 bits of each kept on the tensor cores).
+    #[serde(rename = "gemv")]
+    Gemv,
+    /// cuBLAS GEMMs, bf16 in and f32 out, as prefill runs them: RMSNorm, SwiGLU or relu2 and
+    /// the lm_head's argmax are kernels of their own, and every activation a GEMM reads is bf16.
+    #[serde(rename = "cublas")]
+    Blas,
+}
+
+impl StepPath {
+    /// The path a step of `batch` rows runs: batch 1 the GEMVs; batches 2 to
+    /// [`MAX_GEMV_BATCH`] `batched` (the load's choice, timed: cuda/paths.rs); larger batches
+    /// cuBLAS, the GEMV kernels holding at most 8 rows.
+    pub fn of(batch: usize, batched: StepPath) -> StepPath {
+        match batch {
+            0 | 1 => StepPath::Gemv,
+            b if b <= MAX_GEMV_BATCH => batched,
+            _ => StepPath::Blas,
+        }
+    }
+}
 /// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
 pub const PREFILL_CHUNK: usize = 1024;
+
+/// One prompt's rows in a prefill pass: prompt `seq`'s positions `from..from + len`, at rows
+/// `row..row + len` of the pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub seq: usize,
+    pub from: usize,
+    pub len: usize,
+    pub row: usize,
+}
+
+impl Segment {
+    /// Whether the prompt (of `prompt_len` tokens) ends in this segment.
+    pub fn ends(&self, prompt_len: usize) -> bool {
+        self.from + self.len == prompt_len
+    }
+}
+
+/// The prefill passes of prompts of `lens` tokens, prefilled together: each prompt cut where it
+/// is cut alone (every `chunk` positions), and those pieces packed in order into passes of at
+/// most `chunk` rows, a piece that does not fit starting the next pass. A piece is one segment:
+/// the GEMMs run per segment, with the rows a prompt alone would give them, so a prompt's bits do
+/// not depend on the prompts prefilled with it; the row-wise kernels (norms, attention, the
+/// Mamba scan over every segment at once) run over the whole pass.
+pub fn prefill_passes(lens: &[usize], chunk: usize) -> Vec<Vec<Segment>> {
+    let mut passes = Vec::new();
+    let mut cur: Vec<Segment> = Vec::new();
+    let mut used = 0;
+    for (seq, &len) in lens.iter().enumerate() {
+        let mut from = 0;
+        while from < len {
+            let n = (len - from).min(chunk);
+            if used + n > chunk {
+                passes.push(std::mem::take(&mut cur));
+                used = 0;
+            }
+            cur.push(Segment {
+                seq,
+                from,
+                len: n,
+                row: used,
+            });
+            used += n;
+            from += n;
+        }
+    }
+    if !cur.is_empty() {
+        passes.push(cur);
+    }
+    passes
+}
 
 /// Checks that the model fits the kernels' assumptions; the error names the figure.
 pub fn check_model(cfg: &ModelConfig) -> Result<()> {
@@ -490,6 +588,25 @@ pub struct DecodeLayout {
     pub xbc: usize,
     pub ssm_y: usize,
     pub gated: usize,
+    /// The cuBLAS path's ([`StepPath::Blas`]) GEMM inputs, bf16: the normalised residual
+    /// stream, the MLP's activation, attention's and the gated norm's outputs; the up GEMM's
+    /// f32 output before its activation; the lm_head's f32 logits before the argmax.
+    pub xn_bf16: usize,
+    pub act_bf16: usize,
+    pub attn_bf16: usize,
+    pub gated_bf16: usize,
+    pub up: usize,
+    pub logits: usize,
+}
+
+/// Rows of the MLP's up matrix: gate and up stacked for SwiGLU, up alone for squared ReLU (0
+/// without MLP layers).
+fn up_rows(cfg: &ModelConfig) -> usize {
+    match &cfg.hybrid {
+        None => 2 * cfg.intermediate_size,
+        Some(h) if h.count(crate::hybrid::Block::Mlp) > 0 => cfg.intermediate_size,
+        Some(_) => 0,
+    }
 }
 
 /// Per-row widths of the Mamba mixer's buffers: in_proj's output, the conv's, the SSM's inner
@@ -522,25 +639,33 @@ impl DecodeLayout {
             part_ml: max_batch * cfg.num_heads * MAX_SPLITS * 2,
             counts: max_batch * cfg.num_kv_heads,
             tables: max_batch * max_blocks,
+            xn_bf16: max_batch * cfg.hidden_size,
+            act_bf16: max_batch * cfg.intermediate_size,
+            attn_bf16: max_batch * cfg.q_dim(),
+            gated_bf16: max_batch * inner,
+            up: max_batch * up_rows(cfg),
+            logits: max_batch * cfg.vocab_size,
         }
     }
 
-    /// Device bytes of all decode buffers (f32 and i32 are 4 bytes each).
+    /// Device bytes of all decode buffers (f32 and i32 are 4 bytes each, bf16 2).
     pub fn bytes(&self) -> usize {
-        4 * (2 * self.x
-            + self.qkv
-            + self.attn
-            + self.act
-            + self.parts
-            + self.part_o
-            + self.part_ml
-            + self.counts
-            + self.tables
-            + self.zxbcdt
-            + self.xbc
-            + self.ssm_y
-            + self.gated
-            + 4 * self.max_batch)
+        2 * (self.xn_bf16 + self.act_bf16 + self.attn_bf16 + self.gated_bf16)
+            + 4 * (self.up + self.logits)
+            + 4 * (2 * self.x
+                + self.qkv
+                + self.attn
+                + self.act
+                + self.parts
+                + self.part_o
+                + self.part_ml
+                + self.counts
+                + self.tables
+                + self.zxbcdt
+                + self.xbc
+                + self.ssm_y
+                + self.gated
+                + 4 * self.max_batch)
     }
 }
 
@@ -755,6 +880,61 @@ mod tests {
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);
+    }
+
+    #[test]
+    fn prompts_prefilled_together_fill_each_pass_in_order() {
+        let seg = |seq, from, len, row| Segment {
+            seq,
+            from,
+            len,
+            row,
+        };
+        // One prompt alone: cut every chunk's positions, as before.
+        assert_eq!(
+            prefill_passes(&[2500], 1024),
+            vec![
+                vec![seg(0, 0, 1024, 0)],
+                vec![seg(0, 1024, 1024, 0)],
+                vec![seg(0, 2048, 452, 0)]
+            ]
+        );
+        // Several: pieces in prompt order, a piece that does not fit the pass opening the next;
+        // a long prompt's pieces where it is cut alone.
+        let p = prefill_passes(&[5, 1000, 60, 17, 1500], 1024);
+        assert_eq!(
+            p,
+            vec![
+                vec![seg(0, 0, 5, 0), seg(1, 0, 1000, 5)],
+                vec![seg(2, 0, 60, 0), seg(3, 0, 17, 60)],
+                vec![seg(4, 0, 1024, 0)],
+                vec![seg(4, 1024, 476, 0)],
+            ]
+        );
+        assert!(p[1][1].ends(17) && p[1][0].ends(60) && !p[2][0].ends(1500) && p[3][0].ends(1500));
+        // Every row of every prompt once, no pass over the chunk.
+        let lens = [1, 1023, 1, 2048, 7, 1024];
+        let passes = prefill_passes(&lens, 1024);
+        for pass in &passes {
+            assert!(pass.iter().map(|s| s.len).sum::<usize>() <= 1024);
+            let mut row = 0;
+            for s in pass {
+                assert_eq!(s.row, row);
+                row += s.len;
+            }
+        }
+        for (seq, &len) in lens.iter().enumerate() {
+            let mut next = 0;
+            for s in passes.iter().flatten().filter(|s| s.seq == seq) {
+                assert_eq!(s.from, next);
+                // Cut as the prompt alone is.
+                assert_eq!(s.from % 1024, 0);
+                assert!(s.len == 1024 || s.from + s.len == len);
+                next += s.len;
+            }
+            assert_eq!(next, len);
+        }
+        assert!(prefill_passes(&[], 1024).is_empty());
     }
 
     #[test]

@@ -1,73 +1,177 @@
 //! The decode step: every kernel of one step for the first `batch` rows of the decode buffers,
-//! captured once per batch size into a CUDA graph and replayed, and the upload of the rows'
-//! tokens, positions and block tables when the batch changes.
+//! on the GEMVs or on cuBLAS ([`StepPath`]), captured once per batch size into a CUDA graph and
+//! replayed, and the upload of the rows' tokens, positions and block tables when the batch
+//! changes.
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaGraph};
 
 use super::backend::{CudaBackend, RowState};
 use super::device::driver_err;
 use super::load::{Mixer, Sublayer};
 use super::ops::{Attention, Gemv, Mamba, Paging};
-use super::plan::{self, GemvMode};
+use super::plan::{self, GemvMode, StepPath};
 use crate::backend::DecodeItem;
 use crate::error::{Error, Result};
 use crate::launch;
 
 impl CudaBackend {
+    /// The path a step of `batch` rows runs.
+    pub(super) fn path(&self, batch: usize) -> StepPath {
+        StepPath::of(batch, self.paths.batched)
+    }
+
     /// One decode step for the first `batch` rows of the decode buffers: every kernel of the
-    /// step, in order. Captured into a graph once per batch size.
-    pub(super) fn step_kernels(&self, batch: usize) -> Result<()> {
+    /// step, in order, on `path`. Captured into a graph once per batch size.
+    pub(super) fn step_kernels(&self, batch: usize, path: StepPath) -> Result<()> {
+        match path {
+            StepPath::Gemv => self.step_gemv(batch),
+            StepPath::Blas => self.step_blas(batch),
+        }
+    }
+
+    /// Where decode attention finds each row's position and its sequence's KV blocks.
+    fn paging(&self) -> Paging {
+        let d = &self.dec;
+        Paging {
+            positions: d.positions.ptr,
+            row_table: d.row_table.ptr,
+            tables: d.tables.ptr,
+            max_blocks: d.layout.max_blocks,
+        }
+    }
+
+    /// Decode attention of `batch` rows of `qkv` (its RoPE and K/V write folded in).
+    fn decode_attention(
+        &self,
+        a: &crate::cuda::load::AttentionWeights,
+        batch: usize,
+        out_f32: u64,
+        out_bf16: u64,
+    ) -> Result<()> {
+        let d = &self.dec;
+        self.attention(&Attention {
+            w: a,
+            qkv: d.qkv.ptr,
+            rows: batch,
+            splits: plan::MAX_SPLITS,
+            paging: self.paging(),
+            part_o: d.part_o.ptr,
+            part_ml: d.part_ml.ptr,
+            counts: d.counts.ptr,
+            out_f32,
+            out_bf16,
+            rope: true,
+        })
+    }
+
+    /// The Mamba-2 mixer's core for `batch` rows, one step each, its output into `out_f32` or
+    /// `out_bf16`.
+    fn decode_mamba(
+        &self,
+        m: &crate::cuda::load::MambaWeights,
+        batch: usize,
+        out_f32: u64,
+        out_bf16: u64,
+    ) -> Result<()> {
+        let d = &self.dec;
+        self.mamba(&Mamba {
+            w: m,
+            zxbcdt: d.zxbcdt.ptr,
+            xbc: d.xbc.ptr,
+            y: d.ssm_y.ptr,
+            segments: batch,
+            rows: batch,
+            starts: d.starts.ptr,
+            slots: d.slots.ptr,
+            positions: d.positions.ptr,
+            prefill: false,
+            out_f32,
+            out_bf16,
+        })
+    }
+
+    fn step_gemv(&self, batch: usize) -> Result<()> {
         let c = &self.cfg;
         let d = &self.dec;
         launch!(&self.f.embed, &self.stream, self.pdl, (batch as u32, 1, 1), 256, 0;
             self.embed.buf.ptr, d.tokens.ptr, d.x.ptr, c.hidden_size as i32)?;
         self.mark("embed", 0)?;
-        let paging = Paging {
-            positions: d.positions.ptr,
-            row_table: d.row_table.ptr,
-            tables: d.tables.ptr,
-            max_blocks: d.layout.max_blocks,
-        };
         for l in &self.layers {
             // RMSNorm is folded into the GEMV that reads the residual stream; the other adds
             // the mixer's output back into it.
             let [input, output] = self.sublayer_gemvs(l);
             self.gemv(&input, batch, 0)?;
             match &l.mixer {
-                Mixer::Attention(a) => self.attention(&Attention {
-                    w: a,
-                    qkv: d.qkv.ptr,
-                    rows: batch,
-                    splits: plan::MAX_SPLITS,
-                    paging,
-                    part_o: d.part_o.ptr,
-                    part_ml: d.part_ml.ptr,
-                    counts: d.counts.ptr,
-                    out_f32: d.attn.ptr,
-                    out_bf16: 0,
-                    rope: true,
-                })?,
+                Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0)?,
                 // The activation is applied by the up GEMV: SwiGLU or relu2.
                 Mixer::Mlp(_) => {}
-                Mixer::Mamba(m) => self.mamba(&Mamba {
-                    w: m,
-                    zxbcdt: d.zxbcdt.ptr,
-                    xbc: d.xbc.ptr,
-                    y: d.ssm_y.ptr,
-                    seqs: batch,
-                    steps: 1,
-                    slots: d.slots.ptr,
-                    positions: d.positions.ptr,
-                    prefill: false,
-                    out_f32: d.gated.ptr,
-                    out_bf16: 0,
-                })?,
+                Mixer::Mamba(m) => self.decode_mamba(m, batch, d.gated.ptr, 0)?,
             }
             self.gemv(&output, batch, 0)?;
         }
         // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
         self.lm_head_argmax(batch, d.xn.ptr, d.parts.ptr, d.tokens.ptr, d.positions.ptr)
+    }
+
+    /// The step on cuBLAS: each sublayer as prefill runs it (RMSNorm into bf16, GEMM, the mixer
+    /// writing bf16, GEMM adding into the residual stream), then the lm_head's GEMM into f32
+    /// logits and `argmax_rows` over them, rounded to bf16.
+    fn step_blas(&self, batch: usize) -> Result<()> {
+        let c = &self.cfg;
+        let d = &self.dec;
+        launch!(&self.f.embed, &self.stream, self.pdl, (batch as u32, 1, 1), 256, 0;
+            self.embed.buf.ptr, d.tokens.ptr, d.x.ptr, c.hidden_size as i32)?;
+        self.mark("embed", 0)?;
+        for l in &self.layers {
+            self.rmsnorm(d.x.ptr, &l.norm, batch, 0, d.xn_bf16.ptr)?;
+            // The mixer's input GEMM and core; then its output GEMM adds into the stream.
+            let (name, output, mixed) = match &l.mixer {
+                Mixer::Attention(a) => {
+                    self.blas_gemm("gemm_qkv", &a.qkv, d.xn_bf16.ptr, d.qkv.ptr, batch, false)?;
+                    self.decode_attention(a, batch, 0, d.attn_bf16.ptr)?;
+                    ("gemm_o", &a.o, d.attn_bf16.ptr)
+                }
+                Mixer::Mlp(m) => {
+                    self.blas_gemm("gemm_up", &m.up, d.xn_bf16.ptr, d.up.ptr, batch, false)?;
+                    let width = m.down.cols;
+                    if m.swiglu {
+                        launch!(&self.f.swiglu, &self.stream, self.pdl,
+                            ((width as u32).div_ceil(256), batch as u32, 1), 256, 0;
+                            d.up.ptr, d.act_bf16.ptr, width as i32)?;
+                        self.mark("swiglu", 0)?;
+                    } else {
+                        self.relu2(d.up.ptr, batch * width, 0, d.act_bf16.ptr)?;
+                    }
+                    ("gemm_down", &m.down, d.act_bf16.ptr)
+                }
+                Mixer::Mamba(m) => {
+                    self.blas_gemm(
+                        "gemm_in_proj",
+                        &m.in_proj,
+                        d.xn_bf16.ptr,
+                        d.zxbcdt.ptr,
+                        batch,
+                        false,
+                    )?;
+                    self.decode_mamba(m, batch, 0, d.gated_bf16.ptr)?;
+                    ("gemm_out_proj", &m.out_proj, d.gated_bf16.ptr)
+                }
+            };
+            self.blas_gemm(name, output, mixed, d.x.ptr, batch, true)?;
+        }
+        self.rmsnorm(d.x.ptr, &self.norm, batch, 0, d.xn_bf16.ptr)?;
+        self.blas_gemm(
+            "gemm_lm_head",
+            self.lm_head(),
+            d.xn_bf16.ptr,
+            d.logits.ptr,
+            batch,
+            false,
+        )?;
+        launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
+            d.logits.ptr, c.vocab_size as i32, d.tokens.ptr, d.positions.ptr, 1i32)?;
+        self.mark("argmax_rows", 0)
     }
 
     /// A sublayer's two decode GEMVs over the decode buffers: the one that reads the residual
@@ -102,28 +206,25 @@ impl CudaBackend {
 
     pub(super) fn capture_all(&mut self) -> Result<()> {
         for batch in 1..=self.max_batch {
-            self.capture(batch)?;
+            self.graphs[batch - 1] = Some(self.capture(batch, self.path(batch))?);
         }
         Ok(())
     }
 
-    fn capture(&mut self, batch: usize) -> Result<()> {
+    /// The step of `batch` rows on `path`, captured into a graph.
+    pub(super) fn capture(&self, batch: usize, path: StepPath) -> Result<CudaGraph> {
         let stream = self.stream.clone();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(driver_err("graph capture begin"))?;
-        let launched = self.step_kernels(batch);
+        let launched = self.step_kernels(batch, path);
         let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         launched?;
-        match ended.map_err(driver_err("graph capture end"))? {
-            Some(g) => {
-                self.graphs[batch - 1] = Some(g);
-                Ok(())
-            }
-            None => Err(Error::Internal {
+        ended
+            .map_err(driver_err("graph capture end"))?
+            .ok_or_else(|| Error::Internal {
                 message: "graph capture produced no graph".into(),
-            }),
-        }
+            })
     }
 
     /// Uploads the rows' tokens, positions and block tables when the batch is not the one the
@@ -170,7 +271,7 @@ impl CudaBackend {
         }
         match &self.graphs[batch - 1] {
             Some(g) => g.launch().map_err(driver_err("graph launch"))?,
-            None => self.step_kernels(batch)?,
+            None => self.step_kernels(batch, self.path(batch))?,
         }
         if let Some(p) = self.profiler.as_ref().filter(|p| !p.per_kernel) {
             p.mark("step (GPU)", 0, &self.stream)?;

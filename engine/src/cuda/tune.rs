@@ -118,18 +118,18 @@ pub fn choose(candidates: &[Candidate], at: usize) -> Option<usize> {
 /// The batches timed.
 const BATCHES: [usize; 2] = [1, plan::MAX_GEMV_BATCH];
 
-/// The cache file for this kernel build on this GPU.
-fn cache_file(kernel_key: &str, gpu: &str, sms: usize) -> Option<PathBuf> {
+/// The cache file `what` (gemv-tune, step-paths) for this kernel build on this GPU.
+pub(super) fn cache_file(what: &str, kernel_key: &str, gpu: &str, sms: usize) -> Option<PathBuf> {
     let slug: String = gpu
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    kernels::cache_dir().map(|d| d.join(format!("gemv-tune-{kernel_key}-{slug}-{sms}sm.json")))
+    kernels::cache_dir().map(|d| d.join(format!("{what}-{kernel_key}-{slug}-{sms}sm.json")))
 }
 
-/// The cached shapes; an unreadable or corrupt file is no cache (the shapes are timed again and
-/// the file rewritten).
-fn read_cache(path: &PathBuf) -> Vec<ShapeTuning> {
+/// The cached entries; an unreadable or corrupt file is no cache (they are timed again and the
+/// file rewritten).
+pub(super) fn read_cache<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Vec<T> {
     std::fs::read(path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -137,7 +137,7 @@ fn read_cache(path: &PathBuf) -> Vec<ShapeTuning> {
 }
 
 /// Writes the cache atomically; a failed write only costs the next load the timing.
-fn write_cache(path: &PathBuf, shapes: &[ShapeTuning]) {
+pub(super) fn write_cache<T: Serialize>(path: &PathBuf, shapes: &[T]) {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -158,7 +158,7 @@ const REPLAYS: usize = 3;
 impl CudaBackend {
     /// Every decode GEMV of the step grouped by role and shape, in the step's order, reading
     /// `x` and writing `y`.
-    fn gemv_groups(&self, x: u64, y: u64) -> Vec<Vec<Gemv<'_>>> {
+    pub(super) fn gemv_groups(&self, x: u64, y: u64) -> Vec<Vec<Gemv<'_>>> {
         let mut groups: Vec<Vec<Gemv<'_>>> = Vec::new();
         let gemvs = self
             .layers
@@ -234,8 +234,13 @@ impl CudaBackend {
     /// this uses the choices.
     pub(super) fn tune_gemvs(&mut self) -> Result<()> {
         let started = Instant::now();
-        let path = cache_file(&self.kernels.cache_key, &self.device_name, self.sms);
-        let mut cached = path.as_ref().map(read_cache).unwrap_or_default();
+        let path = cache_file(
+            "gemv-tune",
+            &self.kernels.cache_key,
+            &self.device_name,
+            self.sms,
+        );
+        let mut cached: Vec<ShapeTuning> = path.as_ref().map(read_cache).unwrap_or_default();
         let batches = BATCHES;
         // Zeroed scratch for 8 rows of every GEMV's input and output: zeros in, zeros out.
         let c = &self.cfg;
@@ -417,16 +422,16 @@ mod tests {
             shape("lm_head", 128256, Some(2), None),
         ];
         write_cache(&path, &shapes);
-        assert_eq!(read_cache(&path), shapes);
+        assert_eq!(read_cache::<ShapeTuning>(&path), shapes);
         std::fs::write(&path, b"{not json").unwrap();
-        assert!(read_cache(&path).is_empty());
-        assert!(read_cache(&dir.join("absent.json")).is_empty());
+        assert!(read_cache::<ShapeTuning>(&path).is_empty());
+        assert!(read_cache::<ShapeTuning>(&dir.join("absent.json")).is_empty());
         let _ = std::fs::remove_dir_all(&dir);
         // The file is per kernel build and GPU, its name safe whatever the GPU's name.
-        if let Some(a) = cache_file("k1", "NVIDIA H200", 132) {
+        if let Some(a) = cache_file("gemv-tune", "k1", "NVIDIA H200", 132) {
             let name = a.file_name().unwrap().to_string_lossy().to_string();
             assert_eq!(name, "gemv-tune-k1-NVIDIA-H200-132sm.json");
-            assert_ne!(Some(a), cache_file("k2", "NVIDIA H200", 132));
+            assert_ne!(Some(a), cache_file("gemv-tune", "k2", "NVIDIA H200", 132));
         }
     }
 }

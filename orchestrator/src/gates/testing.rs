@@ -114,6 +114,7 @@ pub fn battery(leg: &str, rows: Vec<(u32, u32, Vec<Vec<u32>>)>) -> LegRecord {
                     tokens,
                     elapsed_s: 0.1,
                     ttft_s: None,
+                    copy: 0,
                 })
                 .collect(),
         })

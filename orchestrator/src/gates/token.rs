@@ -506,6 +506,7 @@ mod tests {
             positions: 4,
             differ,
             scale: Some(vec![Some(3.0); 4]),
+            copy: 0,
         };
         VerifyRecord {
             id: format!("v-b{batch}"),

@@ -317,9 +317,17 @@ pub(super) async fn run_passes(
                 RequestKind::Decode => format!("{tag}{pass}-n{max_tokens}"),
                 RequestKind::Batch => format!("{tag}{pass}-b{batch}"),
             };
-            let (results, wall_s) = p
-                .request(&id, &plan.prompts, max_tokens, plan.ignore_eos, batch, prog)
+            let sent = plan.prompts_for(batch);
+            let (mut results, wall_s) = p
+                .request(&id, &sent, max_tokens, plan.ignore_eos, batch, prog)
                 .await?;
+            // A batch larger than the battery ran its prompts over again: each result names
+            // its battery prompt, and which repeat of it.
+            let n = plan.prompts.len().max(1);
+            for r in &mut results {
+                r.copy = (r.index / n) as u32;
+                r.index %= n;
+            }
             done.push(RequestRecord {
                 id,
                 phase,

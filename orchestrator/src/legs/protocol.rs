@@ -138,6 +138,14 @@ pub struct PromptResult {
     pub elapsed_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_s: Option<f64>,
+    /// Which repeat of its prompt this row is, where the request ran the battery over again to
+    /// fill a larger batch (spec.rs `prompts_for`): the orchestrator's, never the leg's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub copy: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// One prompt of a `verify` (teacher forcing): per forced position, the leg's greedy choice, the

@@ -58,9 +58,30 @@ impl BatteryPlan {
         v
     }
 
-    pub fn prompts_per_pass(&self) -> usize {
-        self.pass().len() * self.prompts.len()
+    /// The prompts of a request at `batch`: the battery's, repeated in order until there are
+    /// at least `batch` of them, so that a batch larger than the battery has `batch` sequences
+    /// in flight (a result's `index` names the battery prompt, its `copy` which repeat).
+    pub fn prompts_for(&self, batch: u32) -> Vec<Vec<u32>> {
+        filled(&self.prompts, batch)
     }
+
+    pub fn prompts_per_pass(&self) -> usize {
+        self.pass()
+            .iter()
+            .map(|&(_, _, batch)| self.prompts.len().max(batch as usize))
+            .sum()
+    }
+}
+
+/// `items` repeated in order until there are at least `batch` of them: entry i is
+/// `items[i % items.len()]`.
+pub fn filled<T: Clone>(items: &[T], batch: u32) -> Vec<T> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    (0..items.len().max(batch as usize))
+        .map(|i| items[i % items.len()].clone())
+        .collect()
 }
 
 /// The engine's argv; `num_blocks` overrides the unit's pool size (the kv gate's resize).
@@ -232,6 +253,28 @@ attention_backend = "FLASH_ATTN"
 "#,
         );
         Unit::parse(Path::new("/u/unit.toml"), &text).unwrap()
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_battery_is_filled_with_its_prompts_in_turn() {
+        let plan = BatteryPlan {
+            prompts: vec![vec![1], vec![2, 2], vec![3]],
+            max_tokens: 4,
+            ignore_eos: true,
+            warmup: 0,
+            repeat: 1,
+            batch_sizes: vec![1, 2, 8],
+        };
+        assert_eq!(plan.prompts_for(1), plan.prompts);
+        assert_eq!(plan.prompts_for(2), plan.prompts);
+        let eight = plan.prompts_for(8);
+        assert_eq!(eight.len(), 8);
+        for (i, p) in eight.iter().enumerate() {
+            assert_eq!(p, &plan.prompts[i % 3]);
+        }
+        // A pass: n1 and n4 at batch 1 (3 each), batch 2 (3), batch 8 (8).
+        assert_eq!(plan.prompts_per_pass(), 3 + 3 + 3 + 8);
+        assert!(filled::<u32>(&[], 8).is_empty());
     }
 
     #[test]

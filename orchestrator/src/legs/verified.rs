@@ -36,6 +36,14 @@ pub struct VerifiedRow {
     /// The largest |logit| per position (an entry None: not finite); None where the leg cannot
     /// know it (vLLM returns log-probs of the top-k only).
     pub scale: Option<Vec<Option<f64>>>,
+    /// Which repeat of its prompt this row is, where the request ran the battery over again to
+    /// fill a larger batch (as the battery's results: protocol.rs `PromptResult::copy`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub copy: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl VerifiedRow {
@@ -54,6 +62,7 @@ impl VerifiedRow {
             positions: v.argmax.len(),
             differ,
             scale: v.scale.clone(),
+            copy: 0,
         }
     }
 

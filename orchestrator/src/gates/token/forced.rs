@@ -435,6 +435,7 @@ mod tests {
                 positions: 4,
                 differ,
                 scale: Some(vec![scale; 4]),
+                copy: 0,
             };
             r.verify.push(VerifyRecord {
                 id: format!("v-b{b}"),

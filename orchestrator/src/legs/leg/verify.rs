@@ -10,31 +10,35 @@ use crate::legs::process::{Fault, LegProcess};
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{Event, Request};
 use crate::legs::record::PhaseTime;
+use crate::legs::spec::filled;
 use crate::legs::verified::{VerifiedRow, VerifyPlan, VerifyRecord};
 use crate::legs::watchdog::Phase;
 
 impl LegProcess {
+    /// Teacher-forces `forced` after `prompts` at `batch`, every row of the request answered
+    /// once.
     async fn verify(
         &mut self,
         id: &str,
-        plan: &VerifyPlan,
+        prompts: &[Vec<u32>],
+        forced: &[Vec<u32>],
         batch: u32,
         prog: &mut Progress,
     ) -> Result<VerifyRecord, Fault> {
         let req = Request::Verify {
             id,
-            prompts: &plan.prompts,
-            forced: &plan.forced,
+            prompts,
+            forced,
             batch,
         };
         self.send(&req.line()).await?;
-        let n = plan.prompts.len();
+        let n = prompts.len();
         let mut rows: Vec<Option<VerifiedRow>> = vec![None; n];
         loop {
             match self.next_event().await? {
                 Event::Verified(v) if v.id == id => {
                     let i = v.index;
-                    let Some(forced) = plan.forced.get(i) else {
+                    let Some(forced) = forced.get(i) else {
                         return Err(Fault::Protocol(format!(
                             "sent a verified for index {i} of request {id:?}, which has {n} prompt(s)"
                         )));
@@ -88,7 +92,17 @@ async fn verify_all(
     prog: &mut Progress,
 ) -> Result<(), Fault> {
     for &batch in &plan.batches {
-        let rec = p.verify(&format!("v-b{batch}"), plan, batch, prog).await?;
+        // As the battery does (spec.rs `prompts_for`): a batch larger than the battery runs its
+        // prompts over again, and each row names its battery prompt and repeat.
+        let (prompts, forced) = (filled(&plan.prompts, batch), filled(&plan.forced, batch));
+        let mut rec = p
+            .verify(&format!("v-b{batch}"), &prompts, &forced, batch, prog)
+            .await?;
+        let n = plan.prompts.len().max(1);
+        for row in &mut rec.rows {
+            row.copy = (row.index / n) as u32;
+            row.index %= n;
+        }
         done.push(rec);
     }
     Ok(())
@@ -105,7 +119,11 @@ impl LegRun {
         let Some(p) = self.proc.as_mut() else {
             return false;
         };
-        let total = plan.prompts.len() * plan.batches.len();
+        let total = plan
+            .batches
+            .iter()
+            .map(|&b| plan.prompts.len().max(b as usize))
+            .sum();
         let mut prog = Progress::start(self.record.leg.as_str(), "verify", total, self.quiet);
         let deadline = Phase::Verify.deadline(&self.wd);
         self.phase_started = Instant::now();

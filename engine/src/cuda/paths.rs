@@ -1,0 +1,248 @@
+//! Which path each decode batch runs (plan.rs [`StepPath`]): batch 1 the GEMVs, batches over
+//! [`plan::MAX_GEMV_BATCH`] cuBLAS, and batches 2-8 whichever ran the step faster at load: the
+//! step of min(8, `--max-batch`) rows is captured on each path and its graph replayed between
+//! two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
+//! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
+//! kernels' cache key, the GPU and its multiprocessors, cuBLAS's version, the model's GEMV
+//! shapes and the batch timed, so a machine times a model once; `ready.features.step_paths`
+//! reports it. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs),
+//! so batches of another path than batch 1 are held to the token gate at their own batch size
+//! (docs/ENGINE.md).
+
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use serde::{Deserialize, Serialize};
+
+use super::backend::CudaBackend;
+use super::device::driver_err;
+use super::plan::{self, StepPath};
+use super::tune::{self, role};
+use crate::error::Result;
+
+/// One timing of the step on both paths.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PathTiming {
+    /// The model's GEMV shapes and cuBLAS's version: what the times depend on besides the
+    /// kernels and the GPU, which name the cache file.
+    pub key: String,
+    pub batch: usize,
+    /// Milliseconds per step on each path.
+    pub gemv_ms: f64,
+    pub blas_ms: f64,
+}
+
+impl PathTiming {
+    /// The rule: cuBLAS when it is at least [`tune::MARGIN`] faster than the GEMVs.
+    pub fn chosen(&self) -> StepPath {
+        if self.blas_ms < (1.0 - tune::MARGIN) * self.gemv_ms {
+            StepPath::Blas
+        } else {
+            StepPath::Gemv
+        }
+    }
+}
+
+/// The paths of every batch class, and how the batched one was chosen.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepPaths {
+    pub batch_1: StepPath,
+    /// Batches 2 to 8.
+    pub batched: StepPath,
+    /// Batches 9 to [`plan::MAX_BATCH`].
+    pub beyond: StepPath,
+    /// None where `--max-batch` is 1 (nothing to choose).
+    pub timing: Option<PathTiming>,
+    pub from_cache: bool,
+    /// Seconds this load spent on it.
+    pub choose_s: f64,
+}
+
+impl Default for StepPaths {
+    fn default() -> Self {
+        Self {
+            batch_1: StepPath::of(1, StepPath::Gemv),
+            batched: StepPath::Gemv,
+            beyond: StepPath::of(plan::MAX_BATCH, StepPath::Gemv),
+            timing: None,
+            from_cache: false,
+            choose_s: 0.0,
+        }
+    }
+}
+
+/// Untimed replays before the timed ones, and the timed ones.
+const WARM: usize = 2;
+const REPLAYS: usize = 10;
+
+impl CudaBackend {
+    /// The cache key of this model's step: its GEMV shapes (role, rows x K, count) and the
+    /// cuBLAS version.
+    fn path_key(&self) -> String {
+        let mut version = 0;
+        // SAFETY: the handle is live; writes one int.
+        let _ =
+            unsafe { cudarc::cublas::sys::cublasGetVersion_v2(*self.blas.handle(), &mut version) };
+        let shapes: Vec<String> = self
+            .gemv_groups(0, 0)
+            .iter()
+            .map(|g| {
+                let (r, c) = g[0].shape();
+                format!("{}:{r}x{c}x{}", role(g[0].mode), g.len())
+            })
+            .collect();
+        format!("cublas{version};{}", shapes.join(","))
+    }
+
+    /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
+    /// graphs are off or the capture fails) replayed [`WARM`] times, then [`REPLAYS`] times
+    /// between two events. The step runs on whatever the decode buffers hold (no sequence is
+    /// admitted yet: the rows write the KV pool's block 0 and state slot 0, which a prefill
+    /// overwrites or starts from zeros before any read).
+    fn time_step(&self, batch: usize, path: StepPath) -> Result<f64> {
+        let graph = if self.use_graphs {
+            self.capture(batch, path).ok()
+        } else {
+            None
+        };
+        let run = || -> Result<()> {
+            match &graph {
+                Some(g) => g.launch().map_err(driver_err("graph launch")),
+                None => self.step_kernels(batch, path),
+            }
+        };
+        let event = || {
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver_err("event create"))
+        };
+        let (start, end) = (event()?, event()?);
+        for _ in 0..WARM {
+            run()?;
+        }
+        start
+            .record(&self.stream)
+            .map_err(driver_err("event record"))?;
+        for _ in 0..REPLAYS {
+            run()?;
+        }
+        end.record(&self.stream)
+            .map_err(driver_err("event record"))?;
+        self.sync()?;
+        let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
+        Ok(ms / REPLAYS as f64)
+    }
+
+    /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after
+    /// this use it.
+    pub(super) fn choose_paths(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let batch = self.max_batch.min(plan::MAX_GEMV_BATCH);
+        if batch < 2 {
+            self.paths = StepPaths::default();
+            return Ok(());
+        }
+        let path = tune::cache_file(
+            "step-paths",
+            &self.kernels.cache_key,
+            &self.device_name,
+            self.sms,
+        );
+        let mut cached: Vec<PathTiming> = path.as_ref().map(tune::read_cache).unwrap_or_default();
+        let key = self.path_key();
+        let hit = cached
+            .iter()
+            .find(|t| t.key == key && t.batch == batch)
+            .cloned();
+        let from_cache = hit.is_some();
+        let timing = match hit {
+            Some(t) => t,
+            None => {
+                // The profiler's per-kernel marks are for the steps of requests, not these.
+                let profiler = self.profiler.take();
+                let timed = self
+                    .time_step(batch, StepPath::Gemv)
+                    .and_then(|g| Ok((g, self.time_step(batch, StepPath::Blas)?)));
+                self.profiler = profiler;
+                let (gemv_ms, blas_ms) = timed?;
+                let t = PathTiming {
+                    key,
+                    batch,
+                    gemv_ms,
+                    blas_ms,
+                };
+                if let Some(p) = &path {
+                    cached.retain(|c| !(c.key == t.key && c.batch == t.batch));
+                    cached.push(t.clone());
+                    tune::write_cache(p, &cached);
+                }
+                t
+            }
+        };
+        self.paths = StepPaths {
+            batched: timing.chosen(),
+            timing: Some(timing),
+            from_cache,
+            choose_s: started.elapsed().as_secs_f64(),
+            ..StepPaths::default()
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(gemv_ms: f64, blas_ms: f64) -> PathTiming {
+        PathTiming {
+            key: "k".into(),
+            batch: 8,
+            gemv_ms,
+            blas_ms,
+        }
+    }
+
+    #[test]
+    fn cublas_must_win_by_the_margin() {
+        assert_eq!(timing(6.0, 5.0).chosen(), StepPath::Blas);
+        assert_eq!(timing(6.0, 5.9).chosen(), StepPath::Gemv);
+        assert_eq!(timing(6.0, 6.5).chosen(), StepPath::Gemv);
+        // 2% faster is not enough; just past it is.
+        assert_eq!(timing(1.0, 0.98).chosen(), StepPath::Gemv);
+        assert_eq!(timing(1.0, 0.979).chosen(), StepPath::Blas);
+    }
+
+    #[test]
+    fn batch_1_runs_the_gemvs_and_batches_past_8_cublas_whatever_was_chosen() {
+        for batched in [StepPath::Gemv, StepPath::Blas] {
+            assert_eq!(StepPath::of(1, batched), StepPath::Gemv);
+            for b in 2..=plan::MAX_GEMV_BATCH {
+                assert_eq!(StepPath::of(b, batched), batched);
+            }
+            for b in plan::MAX_GEMV_BATCH + 1..=plan::MAX_BATCH {
+                assert_eq!(StepPath::of(b, batched), StepPath::Blas);
+            }
+        }
+        let d = StepPaths::default();
+        assert_eq!(
+            (d.batch_1, d.batched, d.beyond),
+            (StepPath::Gemv, StepPath::Gemv, StepPath::Blas)
+        );
+        let j = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            (&j["batched"], &j["beyond"]),
+            (&"gemv".into(), &"cublas".into())
+        );
+    }
+
+    #[test]
+    fn the_timings_survive_the_cache() {
+        let dir = std::env::temp_dir().join(format!("step-paths-test-{}", std::process::id()));
+        let path = dir.join("p.json");
+        let t = vec![timing(6.1, 5.2), timing(1.0, 1.3)];
+        tune::write_cache(&path, &t);
+        assert_eq!(tune::read_cache::<PathTiming>(&path), t);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
