@@ -24,6 +24,14 @@ __device__ __forceinline__ void block_argmax(float& best, int& idx, float* sv, i
     }
 }
 
+// Thread 0 of block b, after block_argmax: the token, and the position moved on.
+__device__ __forceinline__ void store_token(int* tokens, int* positions, int advance, int idx) {
+    if (threadIdx.x == 0) {
+        tokens[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+        if (advance) positions[blockIdx.x] += 1;
+    }
+}
+
 // Second stage after the lm_head GEMV (MODE 5), which leaves one candidate (value, row) per
 // block: tokens[b] = the best row.
 extern "C" __global__ void argmax_final(const float2* __restrict__ parts, int nparts, int* __restrict__ tokens,
@@ -41,10 +49,7 @@ extern "C" __global__ void argmax_final(const float2* __restrict__ parts, int np
         if (p.x > best || (p.x == best && pi < idx)) { best = p.x; idx = pi; }
     }
     block_argmax(best, idx, sv, si);
-    if (threadIdx.x == 0) {
-        tokens[b] = idx == 0x7fffffff ? 0 : idx;
-        if (advance) positions[b] += 1;
-    }
+    store_token(tokens, positions, advance, idx);
 }
 
 // After the cuBLAS path's lm_head GEMM (cuda/step.rs): row b of `logits` [B][vocab] is rounded to
@@ -68,8 +73,5 @@ extern "C" __global__ void argmax_rows(float* __restrict__ logits, int vocab, in
         if (v > best || idx == 0x7fffffff) { best = v; idx = i; }
     }
     block_argmax(best, idx, sv, si);
-    if (threadIdx.x == 0) {
-        tokens[b] = idx == 0x7fffffff ? 0 : idx;
-        if (advance) positions[b] += 1;
-    }
+    store_token(tokens, positions, advance, idx);
 }

@@ -11,7 +11,6 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys;
 use serde::{Deserialize, Serialize};
 
 use super::backend::CudaBackend;
@@ -105,32 +104,10 @@ impl CudaBackend {
         } else {
             None
         };
-        let run = || -> Result<()> {
-            match &graph {
-                Some(g) => g.launch().map_err(driver_err("graph launch")),
-                None => self.step_kernels(batch, path),
-            }
-        };
-        let event = || {
-            self.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_err("event create"))
-        };
-        let (start, end) = (event()?, event()?);
-        for _ in 0..WARM {
-            run()?;
-        }
-        start
-            .record(&self.stream)
-            .map_err(driver_err("event record"))?;
-        for _ in 0..REPLAYS {
-            run()?;
-        }
-        end.record(&self.stream)
-            .map_err(driver_err("event record"))?;
-        self.sync()?;
-        let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
-        Ok(ms / REPLAYS as f64)
+        self.time_runs(WARM, REPLAYS, || match &graph {
+            Some(g) => g.launch().map_err(driver_err("graph launch")),
+            None => self.step_kernels(batch, path),
+        })
     }
 
     /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after

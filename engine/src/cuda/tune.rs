@@ -204,30 +204,41 @@ impl CudaBackend {
                 let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
                 launched.ok().and(ended.ok().flatten())
             });
-        let run = || -> Result<()> {
-            match &captured {
-                Some(g) => g.launch().map_err(driver_err("graph launch")),
-                None => launch_all(),
-            }
-        };
+        let ms = self.time_runs(1, REPLAYS, || match &captured {
+            Some(g) => g.launch().map_err(driver_err("graph launch")),
+            None => launch_all(),
+        })?;
+        Ok(ms * 1e3 / (reps * group.len()) as f64)
+    }
+
+    /// Milliseconds per run of `run` on the stream: `warm` untimed runs, then `runs` between two
+    /// events.
+    pub(super) fn time_runs(
+        &self,
+        warm: usize,
+        runs: usize,
+        run: impl Fn() -> Result<()>,
+    ) -> Result<f64> {
         let event = || {
             self.ctx
                 .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(driver_err("event create"))
         };
         let (start, end) = (event()?, event()?);
-        run()?;
+        for _ in 0..warm {
+            run()?;
+        }
         start
             .record(&self.stream)
             .map_err(driver_err("event record"))?;
-        for _ in 0..REPLAYS {
+        for _ in 0..runs {
             run()?;
         }
         end.record(&self.stream)
             .map_err(driver_err("event record"))?;
         self.sync()?;
         let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
-        Ok(ms * 1e3 / (REPLAYS * reps * group.len()) as f64)
+        Ok(ms / runs as f64)
     }
 
     /// Tunes (or reads from the cache) every GEMV shape of the model; the step launched after
