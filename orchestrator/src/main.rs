@@ -263,7 +263,16 @@ fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
                 sayln!("orchestrator: {w}");
             }
             out!("{}", o.summary);
-            code(o.exit_status)
+            // A signal while the summary was printed counts as one after the record was
+            // written (run/files.rs said_interrupted looked last before it).
+            let late = o.exit_status != run::EXIT_ERROR
+                && orchestrator::util::interrupt::pending().inspect(|sig| {
+                    sayln!(
+                        "orchestrator: interrupted by {sig} after the record was written; exit status 2"
+                    )
+                })
+                .is_some();
+            code(if late { run::EXIT_ERROR } else { o.exit_status })
         }
         Err(e) => {
             sayln!("orchestrator: {e}");
