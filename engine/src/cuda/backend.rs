@@ -23,7 +23,6 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
 use crate::kv::{BlockTable, PoolShape};
-use crate::launch;
 
 pub(super) const BF16: usize = 2;
 pub(super) const F32: usize = 4;
@@ -114,11 +113,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The prompts through the model together (plan.rs `prefill_passes`: each cut as it is alone,
-    /// the pieces packed into passes of up to PREFILL_CHUNK rows; the GEMMs per piece, so a
-    /// prompt's bits are those of its prefill alone), each one's K and V into its table's blocks
-    /// and its recurrent state into its slot; prompt k's last row, normalised, into row k of
-    /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
     /// `w` over each piece of a prefill pass: x (bf16, `w.cols` a row) to y (f32, `w.rows` a
     /// row), with the rows the piece's prompt alone would give the GEMM.
     fn gemm_pieces(
@@ -141,6 +135,11 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The prompts through the model together (plan.rs `prefill_passes`: each cut as it is alone,
+    /// the pieces packed into passes of up to PREFILL_CHUNK rows; the GEMMs per piece, so a
+    /// prompt's bits are those of its prefill alone), each one's K and V into its table's blocks
+    /// and its recurrent state into its slot; prompt k's last row, normalised, into row k of
+    /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
     fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
         if seqs.is_empty() || seqs.len() > self.max_batch {
             return Err(Error::Internal {
@@ -204,8 +203,7 @@ impl CudaBackend {
             pf.row_table.write(0, &row_table)?;
             pf.starts.write(0, &starts)?;
             pf.slots.write(0, &slots)?;
-            launch!(&self.f.embed, &self.stream, self.pdl, (n as u32, 1, 1), 256, 0;
-                self.embed.buf.ptr, pf.tokens.ptr, pf.x.ptr, h as i32)?;
+            self.embed(pf.tokens.ptr, pf.x.ptr, n)?;
             for l in &self.layers {
                 self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
                 match &l.mixer {
@@ -229,13 +227,7 @@ impl CudaBackend {
                     }
                     Mixer::Mlp(m) => {
                         self.gemm_pieces(pass, &m.up, &pf.xn_bf16, &pf.gate_up, false)?;
-                        let width = m.down.cols;
-                        if m.swiglu {
-                            launch!(&self.f.swiglu, &self.stream, self.pdl, ((width as u32).div_ceil(256), n as u32, 1), 256, 0;
-                                pf.gate_up.ptr, pf.act_bf16.ptr, width as i32)?;
-                        } else {
-                            self.relu2(pf.gate_up.ptr, n * width, 0, pf.act_bf16.ptr)?;
-                        }
+                        self.mlp_activation(m, pf.gate_up.ptr, pf.act_bf16.ptr, n)?;
                         self.gemm_pieces(pass, &m.down, &pf.act_bf16, &pf.x, true)?;
                     }
                     Mixer::Mamba(m) => {

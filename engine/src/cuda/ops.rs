@@ -6,7 +6,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 
 use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
-use super::load::{AttentionWeights, MambaWeights, Matrix};
+use super::load::{AttentionWeights, MambaWeights, Matrix, MlpWeights};
 use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
 use crate::backend::Scored;
 use crate::error::{Error, Result};
@@ -264,6 +264,32 @@ impl CudaBackend {
             m.y, m.zxbcdt, i(in_dim), i(inner), i(hy.n_groups), w.gate_norm.ptr, hy.eps, m.out_f32,
             m.out_bf16)?;
         self.mark("mamba_gated_norm", 0)
+    }
+
+    /// The embedding rows of `rows` tokens into `x` (f32).
+    pub(super) fn embed(&self, tokens: u64, x: u64, rows: usize) -> Result<()> {
+        launch!(&self.f.embed, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
+            self.embed.buf.ptr, tokens, x, self.cfg.hidden_size as i32)?;
+        self.mark("embed", 0)
+    }
+
+    /// The MLP's activation of `rows` rows of its up GEMM's f32 output `up` into `act_bf16` (the
+    /// down GEMM's input): SwiGLU over gate and up stacked, or relu2.
+    pub(super) fn mlp_activation(
+        &self,
+        m: &MlpWeights,
+        up: u64,
+        act_bf16: u64,
+        rows: usize,
+    ) -> Result<()> {
+        let width = m.down.cols;
+        if !m.swiglu {
+            return self.relu2(up, rows * width, 0, act_bf16);
+        }
+        launch!(&self.f.swiglu, &self.stream, self.pdl,
+            ((width as u32).div_ceil(256), rows as u32, 1), 256, 0;
+            up, act_bf16, width as i32)?;
+        self.mark("swiglu", 0)
     }
 
     /// relu(x)^2 of `n` values of `x` into f32 and/or bf16 (0 = not written).

@@ -91,11 +91,8 @@ impl CudaBackend {
     }
 
     fn step_gemv(&self, batch: usize) -> Result<()> {
-        let c = &self.cfg;
         let d = &self.dec;
-        launch!(&self.f.embed, &self.stream, self.pdl, (batch as u32, 1, 1), 256, 0;
-            self.embed.buf.ptr, d.tokens.ptr, d.x.ptr, c.hidden_size as i32)?;
-        self.mark("embed", 0)?;
+        self.embed(d.tokens.ptr, d.x.ptr, batch)?;
         for l in &self.layers {
             // RMSNorm is folded into the GEMV that reads the residual stream; the other adds
             // the mixer's output back into it.
@@ -118,11 +115,8 @@ impl CudaBackend {
     /// writing bf16, GEMM adding into the residual stream), then the lm_head's GEMM into f32
     /// logits and `argmax_rows` over them, rounded to bf16.
     fn step_blas(&self, batch: usize) -> Result<()> {
-        let c = &self.cfg;
         let d = &self.dec;
-        launch!(&self.f.embed, &self.stream, self.pdl, (batch as u32, 1, 1), 256, 0;
-            self.embed.buf.ptr, d.tokens.ptr, d.x.ptr, c.hidden_size as i32)?;
-        self.mark("embed", 0)?;
+        self.embed(d.tokens.ptr, d.x.ptr, batch)?;
         for l in &self.layers {
             self.rmsnorm(d.x.ptr, &l.norm, batch, 0, d.xn_bf16.ptr)?;
             // The mixer's input GEMM and core; then its output GEMM adds into the stream.
@@ -134,15 +128,7 @@ impl CudaBackend {
                 }
                 Mixer::Mlp(m) => {
                     self.blas_gemm("gemm_up", &m.up, d.xn_bf16.ptr, d.up.ptr, batch, false)?;
-                    let width = m.down.cols;
-                    if m.swiglu {
-                        launch!(&self.f.swiglu, &self.stream, self.pdl,
-                            ((width as u32).div_ceil(256), batch as u32, 1), 256, 0;
-                            d.up.ptr, d.act_bf16.ptr, width as i32)?;
-                        self.mark("swiglu", 0)?;
-                    } else {
-                        self.relu2(d.up.ptr, batch * width, 0, d.act_bf16.ptr)?;
-                    }
+                    self.mlp_activation(m, d.up.ptr, d.act_bf16.ptr, batch)?;
                     ("gemm_down", &m.down, d.act_bf16.ptr)
                 }
                 Mixer::Mamba(m) => {
@@ -170,7 +156,7 @@ impl CudaBackend {
             false,
         )?;
         launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
-            d.logits.ptr, c.vocab_size as i32, d.tokens.ptr, d.positions.ptr, 1i32)?;
+            d.logits.ptr, self.cfg.vocab_size as i32, d.tokens.ptr, d.positions.ptr, 1i32)?;
         self.mark("argmax_rows", 0)
     }
 

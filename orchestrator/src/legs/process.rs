@@ -11,7 +11,7 @@ use crate::legs::progress::Progress;
 use crate::legs::protocol::{self, ErrorEvent, Event, LineProblem, PromptResult, Ready, Request};
 use crate::legs::record::LegName;
 use crate::legs::record::{RequestKind, RequestRecord};
-use crate::legs::spec::BatteryPlan;
+use crate::legs::spec::{battery_row, BatteryPlan};
 use crate::legs::watchdog::Phase;
 use crate::unit::WatchdogCfg;
 
@@ -323,10 +323,8 @@ pub(super) async fn run_passes(
                 .await?;
             // A batch larger than the battery ran its prompts over again: each result names
             // its battery prompt, and which repeat of it.
-            let n = plan.prompts.len().max(1);
             for r in &mut results {
-                r.copy = (r.index / n) as u32;
-                r.index %= n;
+                (r.index, r.copy) = battery_row(r.index, plan.prompts.len());
             }
             done.push(RequestRecord {
                 id,

@@ -73,6 +73,13 @@ impl BatteryPlan {
     }
 }
 
+/// Entry `i` of a request [`filled`] from `n` battery prompts: (its battery prompt, which repeat
+/// of it it is).
+pub fn battery_row(i: usize, n: usize) -> (usize, u32) {
+    let n = n.max(1);
+    (i % n, (i / n) as u32)
+}
+
 /// `items` repeated in order until there are at least `batch` of them: entry i is
 /// `items[i % items.len()]`.
 pub fn filled<T: Clone>(items: &[T], batch: u32) -> Vec<T> {
@@ -275,6 +282,9 @@ attention_backend = "FLASH_ATTN"
         // A pass: n1 and n4 at batch 1 (3 each), batch 2 (3), batch 8 (8).
         assert_eq!(plan.prompts_per_pass(), 3 + 3 + 3 + 8);
         assert!(filled::<u32>(&[], 8).is_empty());
+        // Entry 7 of eight from three prompts: prompt 1, its third run (copy 2).
+        assert_eq!(battery_row(7, 3), (1, 2));
+        assert_eq!(battery_row(2, 3), (2, 0));
     }
 
     #[test]

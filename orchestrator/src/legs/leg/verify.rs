@@ -10,7 +10,7 @@ use crate::legs::process::{Fault, LegProcess};
 use crate::legs::progress::Progress;
 use crate::legs::protocol::{Event, Request};
 use crate::legs::record::PhaseTime;
-use crate::legs::spec::filled;
+use crate::legs::spec::{battery_row, filled};
 use crate::legs::verified::{VerifiedRow, VerifyPlan, VerifyRecord};
 use crate::legs::watchdog::Phase;
 
@@ -98,10 +98,8 @@ async fn verify_all(
         let mut rec = p
             .verify(&format!("v-b{batch}"), &prompts, &forced, batch, prog)
             .await?;
-        let n = plan.prompts.len().max(1);
         for row in &mut rec.rows {
-            row.copy = (row.index / n) as u32;
-            row.index %= n;
+            (row.index, row.copy) = battery_row(row.index, plan.prompts.len());
         }
         done.push(rec);
     }
