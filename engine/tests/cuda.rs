@@ -64,7 +64,7 @@ fn fold_copies(what: &str, rows: Vec<Vec<u32>>, n: usize) -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn cuda_leg_is_clean_and_batches_2_to_8_agree() {
+fn cuda_leg_is_clean_and_the_batches_of_one_path_agree() {
     if !gpu() {
         return;
     }
@@ -94,7 +94,8 @@ fn cuda_leg_is_clean_and_batches_2_to_8_agree() {
                 "{unit}: {paths}"
             );
             eprintln!("{unit}: step paths {paths}");
-            for batch in [1, 4, 8, 32] {
+            let batched = paths["batched"].as_str().expect("a path").to_string();
+            for batch in [1, 4, 8, 12, 32] {
                 let (results, _) = leg.generate(
                     &format!("b{batch}"),
                     &fill(&prompts, batch),
@@ -102,29 +103,43 @@ fn cuda_leg_is_clean_and_batches_2_to_8_agree() {
                     batch,
                 );
                 let what = format!("{unit} graphs={} batch={batch}", env.is_empty());
+                let path = match batch {
+                    1 => "batch 1".to_string(),
+                    2..=8 => batched.clone(),
+                    _ => "cublas".to_string(),
+                };
                 runs.push((
                     env.is_empty(),
                     batch,
+                    path,
                     fold_copies(&what, tokens(&results), prompts.len()),
                 ));
             }
             assert!(leg.shutdown().success());
         }
-        // Graphs on and off alike at every batch; batches 4 and 8 alike (one path, one kernel
-        // per shape).
-        for (graphs, batch, t) in &runs {
-            let class = |b: usize| b > 1 && b <= 8;
-            for (g2, b2, t2) in &runs {
-                if graphs != g2 && batch == b2 || class(*batch) && class(*b2) {
+        // Graphs on and off alike at every batch; the batches of one path alike (the GEMVs:
+        // one kernel per shape at 2-8; cuBLAS: one pinned algorithm per shape, gemm.rs).
+        for (graphs, batch, path, t) in &runs {
+            for (g2, b2, p2, t2) in &runs {
+                if graphs != g2 && batch == b2 || *batch > 1 && *b2 > 1 && path == p2 {
                     assert_eq!(
                         t, t2,
-                        "{unit}: graphs={graphs} batch={batch} differs from graphs={g2} batch={b2}"
+                        "{unit}: graphs={graphs} batch={batch} ({path}) differs from \
+                         graphs={g2} batch={b2} ({p2})"
                     );
                 }
             }
+            // The first token comes from the prefill, whose bits do not depend on the prompts
+            // prefilled beside it.
+            let first = |t: &[Vec<u32>]| t.iter().map(|r| r.first().copied()).collect::<Vec<_>>();
+            assert_eq!(
+                first(t),
+                first(&runs[0].3),
+                "{unit}: graphs={graphs} batch={batch}: a first token differs from batch 1's"
+            );
         }
         let (mut matched, mut total) = (0, 0);
-        for (i, (ours, want)) in runs[0].2.iter().zip(&golden).enumerate() {
+        for (i, (ours, want)) in runs[0].3.iter().zip(&golden).enumerate() {
             total += want.len();
             match ours.iter().zip(want).position(|(a, b)| a != b) {
                 None => matched += want.len(),

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaGraph, CudaModule, CudaStream};
 
 use super::device::{driver_err, DevBuf};
@@ -76,10 +75,11 @@ pub struct CudaBackend {
     pub(super) conv_state: Vec<DevBuf>,
     pub(super) ssm_state: Vec<DevBuf>,
     pub(super) f: Funcs,
-    pub(super) blas: CudaBlas,
-    /// cuBLAS's workspace, set on its handle so the GEMMs it captures into graphs allocate
-    /// nothing.
-    pub(super) _blas_workspace: DevBuf,
+    /// cuBLASLt and the algorithm pinned for each GEMM shape (gemm.rs).
+    pub(super) gemms: super::gemm::GemmTuning,
+    /// cuBLASLt's workspace, given to every GEMM so those captured into graphs allocate nothing.
+    pub(super) gemm_workspace: DevBuf,
+    pub(super) lt: super::gemm::Lt,
     pub(super) _module: Arc<CudaModule>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) ctx: Arc<CudaContext>,
@@ -113,31 +113,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `w` over each piece of a prefill pass: x (bf16, `w.cols` a row) to y (f32, `w.rows` a
-    /// row), with the rows the piece's prompt alone would give the GEMM.
-    fn gemm_pieces(
-        &self,
-        pass: &[plan::Segment],
-        w: &Matrix,
-        x: &DevBuf,
-        y: &DevBuf,
-        accumulate: bool,
-    ) -> Result<()> {
-        for s in pass {
-            self.gemm(
-                w,
-                x.at(s.row * w.cols, BF16),
-                y.at(s.row * w.rows, F32),
-                s.len,
-                accumulate,
-            )?;
-        }
-        Ok(())
-    }
-
     /// The prompts through the model together (plan.rs `prefill_passes`: each cut as it is alone,
-    /// the pieces packed into passes of up to PREFILL_CHUNK rows; the GEMMs per piece, so a
-    /// prompt's bits are those of its prefill alone), each one's K and V into its table's blocks
+    /// the pieces packed into passes of up to PREFILL_CHUNK rows, each GEMM one over the whole
+    /// pass through its shape's pinned algorithm, so a prompt's bits are those of its prefill
+    /// alone: gemm.rs), each one's K and V into its table's blocks
     /// and its recurrent state into its slot; prompt k's last row, normalised, into row k of
     /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
     fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
@@ -208,7 +187,7 @@ impl CudaBackend {
                 self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
                 match &l.mixer {
                     Mixer::Attention(a) => {
-                        self.gemm_pieces(pass, &a.qkv, &pf.xn_bf16, &pf.qkv, false)?;
+                        self.gemm(&a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
                         self.attention(&Attention {
                             w: a,
@@ -223,15 +202,15 @@ impl CudaBackend {
                             out_bf16: pf.attn_bf16.ptr,
                             rope: false,
                         })?;
-                        self.gemm_pieces(pass, &a.o, &pf.attn_bf16, &pf.x, true)?;
+                        self.gemm(&a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
                     }
                     Mixer::Mlp(m) => {
-                        self.gemm_pieces(pass, &m.up, &pf.xn_bf16, &pf.gate_up, false)?;
+                        self.gemm(&m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
                         self.mlp_activation(m, pf.gate_up.ptr, pf.act_bf16.ptr, n)?;
-                        self.gemm_pieces(pass, &m.down, &pf.act_bf16, &pf.x, true)?;
+                        self.gemm(&m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
                     }
                     Mixer::Mamba(m) => {
-                        self.gemm_pieces(pass, &m.in_proj, &pf.xn_bf16, &pf.zxbcdt, false)?;
+                        self.gemm(&m.in_proj, pf.xn_bf16.ptr, pf.zxbcdt.ptr, n, false)?;
                         self.mamba(&Mamba {
                             w: m,
                             zxbcdt: pf.zxbcdt.ptr,
@@ -246,7 +225,7 @@ impl CudaBackend {
                             out_f32: 0,
                             out_bf16: pf.gated_bf16.ptr,
                         })?;
-                        self.gemm_pieces(pass, &m.out_proj, &pf.gated_bf16, &pf.x, true)?;
+                        self.gemm(&m.out_proj, pf.gated_bf16.ptr, pf.x.ptr, n, true)?;
                     }
                 }
             }
@@ -388,7 +367,8 @@ impl Backend for CudaBackend {
             "gemv_tuning": self.tuning,
             "step_paths": self.paths,
             "max_batch": self.max_batch,
-            "prefill_gemm": "cublas bf16 -> f32",
+            "prefill_gemm": "cublasLt bf16 -> f32, one algorithm per shape (gemm_tuning)",
+            "gemm_tuning": self.gemms,
             "degraded": self.degraded,
         });
         if let Some(h) = &self.cfg.hybrid {

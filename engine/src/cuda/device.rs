@@ -62,14 +62,25 @@ impl DevBuf {
 
     /// Copies the first `dst.len()` elements to the host on `stream`, then waits for it.
     pub fn read<T: Copy>(&self, dst: &mut [T], stream: &CudaStream) -> Result<()> {
-        if std::mem::size_of_val(dst) > self.bytes {
+        self.read_at(0, dst, stream)
+    }
+
+    /// Copies `dst.len()` elements from element `offset_elems` on, as [`Self::read`].
+    pub fn read_at<T: Copy>(
+        &self,
+        offset_elems: usize,
+        dst: &mut [T],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let offset = offset_elems * std::mem::size_of::<T>();
+        if offset + std::mem::size_of_val(dst) > self.bytes {
             return Err(Error::Internal {
                 message: "device read overruns its buffer".into(),
             });
         }
         // SAFETY: bounds checked; the copy completes before the slice is used (synchronize).
         unsafe {
-            result::memcpy_dtoh_async(dst, self.ptr, stream.cu_stream())
+            result::memcpy_dtoh_async(dst, self.ptr + offset as u64, stream.cu_stream())
                 .map_err(driver_err("cuMemcpyDtoH"))?;
         }
         stream
@@ -78,7 +89,6 @@ impl DevBuf {
     }
 }
 
-/// An optional buffer's address as a kernel argument: null (0) where there is none.
 pub fn ptr_or_null(b: &Option<DevBuf>) -> sys::CUdeviceptr {
     b.as_ref().map_or(0, |b| b.ptr)
 }

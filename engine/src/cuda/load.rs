@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 
 use super::backend::{CudaBackend, BF16, F32};
@@ -19,8 +18,8 @@ use crate::hybrid::cpu::state_slot_bytes;
 use crate::kv::{self, PoolSize};
 use crate::weights::{Checkpoint, DType};
 
-/// cuBLAS's workspace: 32 MiB, what torch gives it on Hopper.
-const BLAS_WORKSPACE: usize = 32 << 20;
+/// cuBLASLt's workspace: 32 MiB, what torch gives cuBLAS on Hopper.
+const GEMM_WORKSPACE: usize = 32 << 20;
 
 /// A weight matrix on the device: `rows` x `cols` bf16, row-major, as torch stores
 /// `nn.Linear.weight` ([out, in]).
@@ -235,6 +234,14 @@ fn libraries_present(ordinal: usize) -> Result<()> {
             ),
         });
     }
+    if !super::gemm::Lt::present() {
+        return Err(Error::Load {
+            message: "cuBLASLt (libcublasLt.so.13) cannot be loaded, so the GEMMs cannot run; \
+                      install the CUDA 13 runtime libraries or put their directory on \
+                      LD_LIBRARY_PATH"
+                .into(),
+        });
+    }
     if !kernels::nvrtc_present() {
         return Err(Error::Load {
             message: "NVRTC (libnvrtc.so.13) cannot be loaded, so the kernels cannot be \
@@ -362,23 +369,8 @@ impl CudaBackend {
         let fault_defines = kernels::fault_defines(faults);
         let (module, provenance) = kernels::load(&gpu.ctx, &gpu.arch, gpu.driver, &fault_defines)?;
         let f = Funcs::load(&module, cfg, gpu.sms)?;
-        let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| Error::Load {
-            message: format!("cuBLAS (libcublas.so.13) could not start: {e:?}"),
-        })?;
-        let blas_workspace = DevBuf::zeroed(BLAS_WORKSPACE)?;
-        // SAFETY: the handle and the buffer are live; the buffer outlives every GEMM (field
-        // order in CudaBackend).
-        unsafe {
-            cudarc::cublas::sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                blas_workspace.ptr as *mut _,
-                blas_workspace.bytes,
-            )
-        }
-        .result()
-        .map_err(|e| Error::Load {
-            message: format!("cuBLAS refused its workspace: {e:?}"),
-        })?;
+        let lt = super::gemm::Lt::new()?;
+        let gemm_workspace = DevBuf::zeroed(GEMM_WORKSPACE)?;
 
         let w = upload_weights(cfg, ckpt, faults)?;
         // Nemotron-H's attention has no RoPE: zero frequencies rotate by exactly nothing
@@ -445,13 +437,15 @@ impl CudaBackend {
             conv_state,
             ssm_state,
             f,
-            blas,
-            _blas_workspace: blas_workspace,
+            gemms: Default::default(),
+            gemm_workspace,
+            lt,
             _module: module,
             stream: gpu.stream,
             ctx: gpu.ctx,
         };
         backend.tune_gemvs()?;
+        backend.tune_gemms()?;
         backend.choose_paths()?;
         backend.capture_or_degrade();
         backend.sync()?;

@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod bench;
 pub mod device;
+mod gemm;
 pub mod kernels;
 mod load;
 mod ops;

@@ -2,14 +2,12 @@
 //! (plan.rs), shared by prefill and the decode step. Each records a profiler mark after its
 //! launch (ENGINE_PROFILE=1).
 
-use cudarc::cublas::{result as blas, sys as blas_sys};
-
 use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
 use super::load::{AttentionWeights, MambaWeights, Matrix, MlpWeights};
 use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
 use crate::backend::Scored;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::launch;
 
 /// A decode GEMV (gemv.cu): `w` times each activation row of `x`, into `y`.
@@ -350,47 +348,5 @@ impl CudaBackend {
     ) -> Result<()> {
         self.gemm(w, x, y, rows, accumulate)?;
         self.mark(name, w.rows * w.cols * BF16)
-    }
-
-    /// y[rows, out] (+)= x[rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out.
-    pub(super) fn gemm(
-        &self,
-        w: &Matrix,
-        x: u64,
-        y: u64,
-        rows: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let (out, inp) = (w.rows, w.cols);
-        let alpha = 1.0f32;
-        let beta = if accumulate { 1.0f32 } else { 0.0 };
-        // Column-major: Y^T [out, rows] = W [in, out]^T X^T [in, rows].
-        // SAFETY: all pointers are live device buffers sized for these shapes.
-        unsafe {
-            blas::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                out as i32,
-                rows as i32,
-                inp as i32,
-                &alpha as *const f32 as *const _,
-                w.buf.ptr as *const _,
-                blas_sys::cudaDataType::CUDA_R_16BF,
-                inp as i32,
-                x as *const _,
-                blas_sys::cudaDataType::CUDA_R_16BF,
-                inp as i32,
-                &beta as *const f32 as *const _,
-                y as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                out as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| Error::Internal {
-            message: format!("cuBLAS GEMM ({rows}x{inp} by {out}x{inp}) failed: {e:?}"),
-        })
     }
 }

@@ -3,7 +3,7 @@
 //! step of min(8, `--max-batch`) rows is captured on each path and its graph replayed between
 //! two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
 //! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
-//! kernels' cache key, the GPU and its multiprocessors, cuBLAS's version, the model's GEMV
+//! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
 //! shapes and the batch timed, so a machine times a model once; `ready.features.step_paths`
 //! reports it. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs),
 //! so batches of another path than batch 1 are held to the token gate at their own batch size
@@ -22,7 +22,7 @@ use crate::error::Result;
 /// One timing of the step on both paths.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PathTiming {
-    /// The model's GEMV shapes and cuBLAS's version: what the times depend on besides the
+    /// The model's GEMV shapes and cuBLASLt's version: what the times depend on besides the
     /// kernels and the GPU, which name the cache file.
     pub key: String,
     pub batch: usize,
@@ -76,12 +76,8 @@ const REPLAYS: usize = 10;
 
 impl CudaBackend {
     /// The cache key of this model's step: its GEMV shapes (role, rows x K, count) and the
-    /// cuBLAS version.
+    /// cuBLASLt version.
     fn path_key(&self) -> String {
-        let mut version = 0;
-        // SAFETY: the handle is live; writes one int.
-        let _ =
-            unsafe { cudarc::cublas::sys::cublasGetVersion_v2(*self.blas.handle(), &mut version) };
         let shapes: Vec<String> = self
             .gemv_groups(0, 0)
             .iter()
@@ -90,7 +86,7 @@ impl CudaBackend {
                 format!("{}:{r}x{c}x{}", role(g[0].mode), g.len())
             })
             .collect();
-        format!("cublas{version};{}", shapes.join(","))
+        format!("cublasLt{};{}", self.lt.version, shapes.join(","))
     }
 
     /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
