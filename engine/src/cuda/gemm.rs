@@ -626,6 +626,11 @@ impl CudaBackend {
                     && (c.out, c.inp) == (w.rows, w.cols)
                     && c.rows == rows
                     && c.chosen < c.candidates.len()
+                    // The stored algorithm is cuBLASLt's own bytes: it must still check out.
+                    && std::iter::once(1).chain(rows.iter().copied()).all(|r| {
+                        let a = &c.candidates[c.chosen].data;
+                        self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
+                    })
             });
             let s = match hit {
                 Some(s) => s.clone(),
