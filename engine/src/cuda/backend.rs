@@ -182,12 +182,15 @@ impl CudaBackend {
             pf.row_table.write(0, &row_table)?;
             pf.starts.write(0, &starts)?;
             pf.slots.write(0, &slots)?;
+            if let Some(p) = &self.profiler {
+                p.begin_pass(n, &self.stream)?;
+            }
             self.embed(pf.tokens.ptr, pf.x.ptr, n)?;
             for l in &self.layers {
                 self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
                 match &l.mixer {
                     Mixer::Attention(a) => {
-                        self.gemm(&a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
+                        self.blas_gemm("gemm_qkv", &a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
                         self.attention(&Attention {
                             w: a,
@@ -202,15 +205,22 @@ impl CudaBackend {
                             out_bf16: pf.attn_bf16.ptr,
                             rope: false,
                         })?;
-                        self.gemm(&a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.blas_gemm("gemm_o", &a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
                     }
                     Mixer::Mlp(m) => {
-                        self.gemm(&m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
+                        self.blas_gemm("gemm_up", &m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
                         self.mlp_activation(m, pf.gate_up.ptr, pf.act_bf16.ptr, n)?;
-                        self.gemm(&m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.blas_gemm("gemm_down", &m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
                     }
                     Mixer::Mamba(m) => {
-                        self.gemm(&m.in_proj, pf.xn_bf16.ptr, pf.zxbcdt.ptr, n, false)?;
+                        self.blas_gemm(
+                            "gemm_in_proj",
+                            &m.in_proj,
+                            pf.xn_bf16.ptr,
+                            pf.zxbcdt.ptr,
+                            n,
+                            false,
+                        )?;
                         self.mamba(&Mamba {
                             w: m,
                             zxbcdt: pf.zxbcdt.ptr,
@@ -225,7 +235,14 @@ impl CudaBackend {
                             out_f32: 0,
                             out_bf16: pf.gated_bf16.ptr,
                         })?;
-                        self.gemm(&m.out_proj, pf.gated_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.blas_gemm(
+                            "gemm_out_proj",
+                            &m.out_proj,
+                            pf.gated_bf16.ptr,
+                            pf.x.ptr,
+                            n,
+                            true,
+                        )?;
                     }
                 }
             }
@@ -236,6 +253,10 @@ impl CudaBackend {
                 let xn = pf.last_xn.at(s.seq * h, F32);
                 self.rmsnorm(last, &self.norm, 1, xn, 0)?;
                 self.lm_head_argmax(1, xn, pf.parts.ptr, pf.tokens_out.at(s.seq, F32), 0)?;
+            }
+            if let Some(p) = self.profiler.as_ref().filter(|p| p.prefill) {
+                self.sync()?;
+                p.end_pass()?;
             }
         }
         Ok(())
@@ -310,7 +331,7 @@ impl Backend for CudaBackend {
         self.run_step(batch)?;
         let mut toks = vec![0i32; batch];
         self.dec.tokens.read(&mut toks, &self.stream)?;
-        if let (Some(p), Some(wall)) = (&self.profiler, wall) {
+        if let (Some(p), Some(wall)) = (self.profiler.as_ref().filter(|p| !p.prefill), wall) {
             p.end_step(wall.elapsed().as_secs_f64())?;
         }
         self.advance_rows(wanted, toks.iter().map(|&t| t as u32));

@@ -294,18 +294,25 @@ struct Switches {
 fn switches(gpu: &Gpu) -> Result<Switches> {
     let mut degraded = Vec::new();
     let profile = std::env::var("ENGINE_PROFILE").ok();
+    let prefill = profile.as_deref() == Some("prefill");
     let per_kernel = profile.as_deref() != Some("step");
     let profiler = match &profile {
+        Some(_) if prefill => {
+            degraded.push(
+                "profiling: an event after every prefill kernel (ENGINE_PROFILE=prefill)".into(),
+            );
+            Some(Profiler::new(&gpu.ctx, true, true)?)
+        }
         Some(_) if per_kernel => {
             degraded.push(
                 "profiling: an event after every kernel, graphs off (ENGINE_PROFILE is set)".into(),
             );
-            Some(Profiler::new(&gpu.ctx, true)?)
+            Some(Profiler::new(&gpu.ctx, true, false)?)
         }
-        Some(_) => Some(Profiler::new(&gpu.ctx, false)?),
+        Some(_) => Some(Profiler::new(&gpu.ctx, false, false)?),
         None => None,
     };
-    let kernel_profile = profiler.is_some() && per_kernel;
+    let kernel_profile = profiler.is_some() && per_kernel && !prefill;
     let use_graphs = std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_none() && !kernel_profile;
     if std::env::var_os("ENGINE_NO_CUDA_GRAPHS").is_some() {
         degraded.push("cuda_graphs: off (ENGINE_NO_CUDA_GRAPHS is set)".into());

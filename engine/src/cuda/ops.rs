@@ -336,7 +336,7 @@ impl CudaBackend {
             .collect())
     }
 
-    /// [`CudaBackend::gemm`] in a decode step, with the profiler's mark.
+    /// [`CudaBackend::gemm`] with the profiler's mark (a decode step on cuBLAS, a prefill pass).
     pub(super) fn blas_gemm(
         &self,
         name: &'static str,

@@ -1,5 +1,6 @@
-//! The decode step's profiler (ENGINE_PROFILE, docs/ENGINE.md): CUDA events around each step or
-//! after each kernel, folded into per-kernel totals and printed when the backend is dropped.
+//! The profiler (ENGINE_PROFILE, docs/ENGINE.md): CUDA events around each decode step, or after
+//! each kernel of the decode steps or of the prefill passes, folded into per-kernel totals and
+//! printed when the backend is dropped.
 
 use std::sync::Arc;
 
@@ -12,8 +13,16 @@ use crate::error::Result;
 /// consecutive events summed per kernel role, and achieved bandwidth for the GEMVs.
 /// ENGINE_PROFILE=step: graphs and PDL as configured, events around each decode step only: the
 /// step's time on the GPU against its wall time in `decode` (the host's share of a token).
+/// ENGINE_PROFILE=prefill: an event after every kernel of each prefill pass, the decode steps
+/// untouched (graphs and PDL as configured; prefill runs no graph).
 pub(super) struct Profiler {
     pub per_kernel: bool,
+    /// Profiling the prefill passes, not the decode steps.
+    pub prefill: bool,
+    /// In prefill mode, marks are recorded only inside a pass (a decode step's would land in a
+    /// graph capture).
+    active: std::cell::Cell<bool>,
+    rows: std::cell::Cell<usize>,
     wall_s: std::cell::Cell<f64>,
     events: Vec<cudarc::driver::CudaEvent>,
     marks: std::cell::RefCell<Vec<(&'static str, usize)>>,
@@ -24,13 +33,16 @@ pub(super) struct Profiler {
 impl Profiler {
     const EVENTS: usize = 1024;
 
-    pub fn new(ctx: &Arc<CudaContext>, per_kernel: bool) -> Result<Self> {
+    pub fn new(ctx: &Arc<CudaContext>, per_kernel: bool, prefill: bool) -> Result<Self> {
         let events = (0..Self::EVENTS)
             .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(driver_err("event create"))?;
         Ok(Self {
             per_kernel,
+            prefill,
+            active: std::cell::Cell::new(!prefill),
+            rows: Default::default(),
             wall_s: Default::default(),
             events,
             marks: Default::default(),
@@ -40,6 +52,9 @@ impl Profiler {
     }
 
     pub fn mark(&self, name: &'static str, bytes: usize, stream: &CudaStream) -> Result<()> {
+        if !self.active.get() {
+            return Ok(());
+        }
         let mut marks = self.marks.borrow_mut();
         if name == "start" {
             marks.clear();
@@ -49,6 +64,25 @@ impl Profiler {
                 .record(stream)
                 .map_err(driver_err("event record"))?;
             marks.push((name, bytes));
+        }
+        Ok(())
+    }
+
+    /// Prefill mode: a pass of `rows` rows begins (its marks are recorded until [`Self::end_pass`]).
+    pub fn begin_pass(&self, rows: usize, stream: &CudaStream) -> Result<()> {
+        if self.prefill {
+            self.active.set(true);
+            self.rows.set(self.rows.get() + rows);
+            self.mark("start", 0, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Prefill mode: the pass's kernels have finished (the caller synchronised); fold them.
+    pub fn end_pass(&self) -> Result<()> {
+        if self.prefill && self.active.get() {
+            self.active.set(false);
+            self.end_step(0.0)?;
         }
         Ok(())
     }
@@ -84,9 +118,21 @@ impl Profiler {
                 100.0 * (1.0 - all / steps as f64 / wall_ms)
             );
         }
+        let what = if self.prefill {
+            format!(
+                "kernel profile over {steps} prefill passes ({} rows, {:.0} rows/s): {:.3} ms per pass",
+                self.rows.get(),
+                self.rows.get() as f64 / (all / 1e3),
+                all / steps as f64
+            )
+        } else {
+            format!(
+                "kernel profile over {steps} decode steps: {:.3} ms per step",
+                all / steps as f64
+            )
+        };
         let mut out = format!(
-            "kernel profile over {steps} decode steps: {:.3} ms per step\n{:<16} {:>8} {:>12} {:>10} {:>7} {:>9}\n",
-            all / steps as f64,
+            "{what}\n{:<16} {:>8} {:>12} {:>10} {:>7} {:>9}\n",
             "kernel", "calls", "ms/step", "us/call", "share", "GB/s"
         );
         for (name, (calls, ms, bytes)) in totals.iter() {
