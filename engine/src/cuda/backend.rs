@@ -12,6 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaGraph, CudaModule, CudaStream};
 
 use super::device::{driver_err, DevBuf};
+use super::gemm::Rows;
 use super::kernels;
 use super::load::{DecodeBufs, Funcs, Matrix, Mixer, PrefillBufs, Sublayer, VerifyBufs};
 use super::ops::{Attention, Mamba, Paging};
@@ -114,10 +115,10 @@ impl CudaBackend {
     }
 
     /// The prompts through the model together (plan.rs `prefill_passes`: each cut as it is alone,
-    /// the pieces packed into passes of up to PREFILL_CHUNK rows, each GEMM one over the whole
-    /// pass through its shape's pinned algorithm, so a prompt's bits are those of its prefill
-    /// alone: gemm.rs), each one's K and V into its table's blocks
-    /// and its recurrent state into its slot; prompt k's last row, normalised, into row k of
+    /// the pieces packed shortest prompt first into passes of up to PREFILL_CHUNK rows, each GEMM
+    /// one over each class of prompt length's rows through the algorithm pinned for it, so a
+    /// prompt's bits are those of its prefill alone: gemm.rs), each one's K and V into its
+    /// table's blocks and its recurrent state into its slot; prompt k's last row, normalised, into row k of
     /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
     fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
         if seqs.is_empty() || seqs.len() > self.max_batch {
@@ -171,6 +172,8 @@ impl CudaBackend {
                 slots.push(table.state_slot.unwrap_or(0) as i32);
             }
             starts.push(n as i32);
+            // What the GEMMs need to split the pass: each segment's prompt length and rows.
+            let pieces: Vec<(usize, usize)> = pass.iter().map(|s| (lens[s.seq], s.len)).collect();
             if p > 0 {
                 // The uploads are synchronous copies on the legacy stream, which does not wait
                 // for `self.stream` (non-blocking): the previous pass's kernels, still reading
@@ -190,7 +193,14 @@ impl CudaBackend {
                 self.rmsnorm(pf.x.ptr, &l.norm, n, 0, pf.xn_bf16.ptr)?;
                 match &l.mixer {
                     Mixer::Attention(a) => {
-                        self.blas_gemm("gemm_qkv", &a.qkv, pf.xn_bf16.ptr, pf.qkv.ptr, n, false)?;
+                        self.blas_gemm(
+                            "gemm_qkv",
+                            &a.qkv,
+                            pf.xn_bf16.ptr,
+                            pf.qkv.ptr,
+                            Rows::Prefill(&pieces),
+                            false,
+                        )?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
                         self.attention(&Attention {
                             w: a,
@@ -205,12 +215,33 @@ impl CudaBackend {
                             out_bf16: pf.attn_bf16.ptr,
                             rope: false,
                         })?;
-                        self.blas_gemm("gemm_o", &a.o, pf.attn_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.blas_gemm(
+                            "gemm_o",
+                            &a.o,
+                            pf.attn_bf16.ptr,
+                            pf.x.ptr,
+                            Rows::Prefill(&pieces),
+                            true,
+                        )?;
                     }
                     Mixer::Mlp(m) => {
-                        self.blas_gemm("gemm_up", &m.up, pf.xn_bf16.ptr, pf.gate_up.ptr, n, false)?;
+                        self.blas_gemm(
+                            "gemm_up",
+                            &m.up,
+                            pf.xn_bf16.ptr,
+                            pf.gate_up.ptr,
+                            Rows::Prefill(&pieces),
+                            false,
+                        )?;
                         self.mlp_activation(m, pf.gate_up.ptr, pf.act_bf16.ptr, n)?;
-                        self.blas_gemm("gemm_down", &m.down, pf.act_bf16.ptr, pf.x.ptr, n, true)?;
+                        self.blas_gemm(
+                            "gemm_down",
+                            &m.down,
+                            pf.act_bf16.ptr,
+                            pf.x.ptr,
+                            Rows::Prefill(&pieces),
+                            true,
+                        )?;
                     }
                     Mixer::Mamba(m) => {
                         self.blas_gemm(
@@ -218,7 +249,7 @@ impl CudaBackend {
                             &m.in_proj,
                             pf.xn_bf16.ptr,
                             pf.zxbcdt.ptr,
-                            n,
+                            Rows::Prefill(&pieces),
                             false,
                         )?;
                         self.mamba(&Mamba {
@@ -240,7 +271,7 @@ impl CudaBackend {
                             &m.out_proj,
                             pf.gated_bf16.ptr,
                             pf.x.ptr,
-                            n,
+                            Rows::Prefill(&pieces),
                             true,
                         )?;
                     }
@@ -388,7 +419,7 @@ impl Backend for CudaBackend {
             "gemv_tuning": self.tuning,
             "step_paths": self.paths,
             "max_batch": self.max_batch,
-            "prefill_gemm": "cublasLt bf16 -> f32, one algorithm per shape (gemm_tuning)",
+            "prefill_gemm": "cublasLt bf16 -> f32, an algorithm pinned per shape and class of prompt length (gemm_tuning)",
             "gemm_tuning": self.gemms,
             "degraded": self.degraded,
         });

@@ -1,25 +1,34 @@
-//! The GEMMs (prefill, and the decode step on cuBLAS) through cuBLASLt, with one algorithm
-//! pinned per weight shape at load, so that a row's result does not depend on how many rows share
-//! its GEMM. cuBLAS's own heuristic chooses its kernel by the number of rows (and may split K
-//! over blocks), which would make a prompt's bits depend on the prompts prefilled beside it and a
-//! decode row's on the batch; with one kernel and K never split, a row is one tile's sum over K in
-//! one order whatever the row count. So a prefill pass is one GEMM over every prompt's rows, and
-//! the decode step on cuBLAS gives a row the same bits at every batch it runs.
+//! The GEMMs (prefill, and the decode step on cuBLAS) through cuBLASLt, with algorithms pinned
+//! per weight shape and [`Pass`] at load, so that a row's result does not depend on how many
+//! rows share its GEMM. cuBLAS's own heuristic chooses its kernel by the number of rows, which
+//! would make a prompt's bits depend on the prompts prefilled beside it and a decode row's on the
+//! batch; with one kernel, and K split (if at all) into a fixed number of parts summed in a fixed
+//! order, a row's sum over K runs in one order whatever the row count.
 //!
-//! The candidates for a shape are cuBLASLt's heuristic picks at the largest row count the shape
-//! runs and at 32 rows, split-K forced off; each is checked at load, not assumed: rows 0-7 of a
-//! GEMM over the largest row count, and rows `o`..`o + 8` further down, must have the bits of
-//! GEMMs over those 8 rows alone, and row 0 those of a GEMM of one row (random inputs, the
+//! The decode step pins one algorithm per shape, so a row has the same bits at every batch the
+//! step runs on cuBLAS. Prefill pins one per class of prompt length ([`Pin`]): no one kernel is
+//! fast at 16 rows and at 1,024 (session 12, H200: those fast at 1,024 rows use tiles that 16
+//! rows leave mostly idle, 1.3-2x slower there; one chosen for all row counts cost 7-16% on the
+//! first token at 512), so each timed row count gets the candidate fastest there, unless the
+//! class below runs within [`tune::MARGIN`] of it (then that class reaches this far). A pass
+//! holds its prompts shortest first (plan.rs), so each class present is one range of rows and one
+//! GEMM; which algorithm a prompt's rows run depends on its own length only, so its bits are
+//! those of its prefill alone.
+//!
+//! The candidates for a shape are cuBLASLt's heuristic picks at each of the pass's row counts
+//! ([`Pass::rows`]; pointers 16-byte aligned, as a range starting at any row is), as cuBLASLt
+//! gives them and with split-K forced off; each is checked at load, not assumed: rows 0-7 of a
+//! GEMM over the largest row count, and 8 rows from just past half-way down, must have the bits
+//! of GEMMs over those 8 rows alone, and row 0 those of a GEMM of one row (random inputs, the
 //! model's own weights). A candidate that fails is kept in the report, never chosen. Each is
-//! timed at each of the shape's [`LAYER_ROWS`]; the one chosen has the smallest sum over those
-//! rows of its time over the fastest candidate's there, and cuBLASLt's first pick stays unless
-//! another's sum is [`tune::MARGIN`] smaller (machines of one kind choose alike). What pinning
-//! costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV tuning
-//! (tune.rs), keyed by cuBLASLt's version, the shape and its rows; the opaque algorithm is stored
-//! as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
+//! timed at each row count (the best of three timings, so a stray slow one does not decide).
+//! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
+//! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
+//! algorithm is stored as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::time::Instant;
 
 use cudarc::cublaslt::sys;
@@ -32,19 +41,46 @@ use super::plan::{self, PREFILL_CHUNK};
 use super::tune;
 use crate::error::{Error, Result};
 
-/// The row counts a layer's GEMM is timed at: a short prompt (and the decode step of up to 8),
-/// the decode step of 32, a medium prompt, a full prefill pass.
-pub const LAYER_ROWS: [usize; 4] = [8, 32, 256, PREFILL_CHUNK];
-/// The lm_head's GEMM runs in the decode step on cuBLAS only (a prompt's last row takes the
-/// GEMV), so at most [`plan::MAX_BATCH`] rows.
-pub const LM_HEAD_ROWS: [usize; 2] = [8, plan::MAX_BATCH];
-/// Heuristic picks asked for at each of the two row counts.
+/// Where a GEMM runs; each pass pins its own algorithm per shape.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    /// The decode step on cuBLAS: up to [`plan::MAX_BATCH`] rows (the lm_head's GEMM runs here
+    /// only: a prompt's last row takes the GEMV).
+    Step,
+    /// A prefill pass: up to [`PREFILL_CHUNK`] rows.
+    Prefill,
+}
+
+impl Pass {
+    /// The row counts its GEMMs are timed at: for the step a batch the GEMVs could run, one
+    /// between and the largest; for prefill prompt lengths from short to a full pass (the
+    /// bounds of its classes).
+    pub fn rows(self) -> &'static [usize] {
+        match self {
+            Pass::Step => &[8, 16, plan::MAX_BATCH],
+            Pass::Prefill => &[16, 64, 128, 256, 512, PREFILL_CHUNK],
+        }
+    }
+}
+
+/// The rows a GEMM runs over.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Rows<'a> {
+    /// A decode step's batch.
+    Step(usize),
+    /// A prefill pass: each segment's prompt length and its rows in the pass, shortest prompt
+    /// first (plan.rs `prefill_passes`).
+    Prefill(&'a [(usize, usize)]),
+}
+
+/// Heuristic picks asked for at each row count.
 const PICKS: i32 = 8;
 
 /// One candidate algorithm for a shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Algo {
-    /// cuBLASLt's opaque description (`cublasLtMatmulAlgo_t`), split-K off.
+    /// cuBLASLt's opaque description (`cublasLtMatmulAlgo_t`).
     pub data: [u64; 8],
     /// What it says of itself (`CUBLASLT_ALGO_CONFIG_*`), for the reader.
     pub id: u32,
@@ -53,13 +89,17 @@ pub struct Algo {
     pub cluster: u32,
     pub swizzle: u32,
     pub custom: u32,
+    /// Parts K is split into (1: not split) and how they are summed
+    /// (`CUBLASLT_REDUCTION_SCHEME_*`).
+    pub split_k: u32,
+    pub reduction: u32,
     /// Whether a row's bits were the same at every row count checked.
     pub invariant: bool,
     /// Microseconds per GEMM at each of the shape's `rows`.
     pub us: Vec<f64>,
 }
 
-/// One weight shape's candidates and the one chosen.
+/// One weight shape's candidates and the ones pinned.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GemmShape {
     /// cuBLASLt's version: what the algorithms depend on besides the GPU (the cache file's name).
@@ -67,20 +107,80 @@ pub struct GemmShape {
     /// The weight: `out` x `inp` (torch's [out, in]).
     pub out: usize,
     pub inp: usize,
+    pub pass: Pass,
     pub rows: Vec<usize>,
-    /// cuBLASLt's first pick at the largest row count first.
+    /// In the order cuBLASLt offered them: its picks at the smallest row count first.
     pub candidates: Vec<Algo>,
-    pub chosen: usize,
+    /// The classes, shortest prompts first: the step has one, for every batch.
+    pub pins: Vec<Pin>,
     /// [`GemmShape::cost`], for the reader.
     pub cost: Vec<f64>,
+    /// Seconds the checks and timing took (0 when it came from the cache).
+    #[serde(default)]
+    pub tune_s: f64,
+}
+
+/// A class of prompts and the candidate their rows run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Pin {
+    /// Prompts of at most this many tokens and more than the class before's (the last class
+    /// also takes the longer ones).
+    pub up_to: usize,
+    /// Its index in the candidates.
+    pub algo: usize,
 }
 
 impl GemmShape {
-    /// What pinning costs at each row count: the chosen one's time over the fastest candidate's.
+    /// The class a prompt of `len` tokens (a batch of `len`, in the step) is in.
+    fn class(&self, len: usize) -> usize {
+        self.pins
+            .iter()
+            .position(|p| len <= p.up_to)
+            .unwrap_or(self.pins.len() - 1)
+    }
+
+    fn pinned(&self, len: usize) -> usize {
+        self.pins[self.class(len)].algo
+    }
+
+    /// A prefill pass's GEMMs: (candidate, first row, rows) for each class present among the
+    /// `pieces` (prompt length, rows), which come shortest prompt first, so a class's rows are
+    /// one range.
+    fn ranges<'a>(
+        &'a self,
+        pieces: &'a [(usize, usize)],
+    ) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
+        let (mut from, mut i) = (0, 0);
+        std::iter::from_fn(move || {
+            while i < pieces.len() {
+                let c = self.class(pieces[i].0);
+                let start = from;
+                while i < pieces.len() && self.class(pieces[i].0) == c {
+                    from += pieces[i].1;
+                    i += 1;
+                }
+                if from > start {
+                    return Some((self.pins[c].algo, start, from - start));
+                }
+            }
+            None
+        })
+    }
+
+    /// The candidates in use.
+    fn in_use(&self) -> impl Iterator<Item = usize> + '_ {
+        self.pins.iter().map(|p| p.algo)
+    }
+
+    /// What pinning costs at each row count: the time of the candidate those rows run (as one
+    /// prompt) over the fastest candidate's.
     pub fn cost(&self) -> Vec<f64> {
-        let c = &self.candidates[self.chosen];
-        (0..self.rows.len())
-            .map(|r| c.us[r] / best_at(&self.candidates, r))
+        self.rows
+            .iter()
+            .enumerate()
+            .map(|(r, &rows)| {
+                self.candidates[self.pinned(rows)].us[r] / best_at(&self.candidates, r)
+            })
             .collect()
     }
 }
@@ -92,13 +192,12 @@ fn best_at(candidates: &[Algo], r: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// The rule: among the row-invariant candidates, the smallest sum over the row counts of the
-/// time over the fastest candidate's time there; the first invariant candidate (cuBLASLt's
-/// first pick) unless another's sum is [`tune::MARGIN`] smaller. None when no candidate is
-/// row-invariant.
-pub fn choose(candidates: &[Algo]) -> Option<usize> {
-    let rows = candidates.first()?.us.len();
-    let score = |c: &Algo| -> f64 { (0..rows).map(|r| c.us[r] / best_at(candidates, r)).sum() };
+/// The rule at the row counts `at` (indices into `us`): among the row-invariant candidates, the
+/// smallest sum over those row counts of the time over the fastest candidate's time there; the
+/// first invariant candidate unless another's sum is [`tune::MARGIN`] smaller. None when no
+/// candidate is row-invariant.
+pub fn choose(candidates: &[Algo], at: Range<usize>) -> Option<usize> {
+    let score = |c: &Algo| -> f64 { at.clone().map(|r| c.us[r] / best_at(candidates, r)).sum() };
     let first = candidates.iter().position(|c| c.invariant)?;
     let best = (0..candidates.len())
         .filter(|&i| candidates[i].invariant)
@@ -118,6 +217,39 @@ pub fn choose(candidates: &[Algo]) -> Option<usize> {
     )
 }
 
+/// The step's pin: one candidate by [`choose`] over every row count, for every batch.
+pub fn pin_step(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
+    let algo = choose(candidates, 0..rows.len())?;
+    Some(vec![Pin {
+        up_to: *rows.last()?,
+        algo,
+    }])
+}
+
+/// Prefill's pins: from the smallest row count up, the class so far reaches a row count where
+/// its candidate runs within [`tune::MARGIN`] of the fastest invariant one there; elsewhere a
+/// new class starts with that fastest one. None when no candidate is row-invariant.
+pub fn pin_prefill(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
+    let fastest = |r: usize| {
+        (0..candidates.len())
+            .filter(|&i| candidates[i].invariant)
+            .min_by(|&a, &b| candidates[a].us[r].total_cmp(&candidates[b].us[r]))
+    };
+    let mut pins: Vec<Pin> = Vec::new();
+    for (r, &up_to) in rows.iter().enumerate() {
+        let best = fastest(r)?;
+        match pins.last_mut() {
+            Some(p)
+                if candidates[p.algo].us[r] <= (1.0 + tune::MARGIN) * candidates[best].us[r] =>
+            {
+                p.up_to = up_to
+            }
+            _ => pins.push(Pin { up_to, algo: best }),
+        }
+    }
+    Some(pins)
+}
+
 /// The choices for every GEMM shape of the loaded model.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GemmTuning {
@@ -129,13 +261,10 @@ pub struct GemmTuning {
 }
 
 impl GemmTuning {
-    fn algo(&self, out: usize, inp: usize) -> Option<sys::cublasLtMatmulAlgo_t> {
+    fn shape(&self, out: usize, inp: usize, pass: Pass) -> Option<&GemmShape> {
         self.shapes
             .iter()
-            .find(|s| s.out == out && s.inp == inp)
-            .map(|s| sys::cublasLtMatmulAlgo_t {
-                data: s.candidates[s.chosen].data,
-            })
+            .find(|s| (s.out, s.inp, s.pass) == (out, inp, pass))
     }
 }
 
@@ -263,8 +392,8 @@ impl Lt {
         Ok(lt)
     }
 
-    /// cuBLASLt's picks for the shape at `rows`, best first, split-K forced off (duplicates
-    /// dropped by the caller).
+    /// cuBLASLt's picks for the shape at `rows`, best first, each as given and (where it splits
+    /// K) again with split-K off; duplicates are dropped by the caller.
     fn picks(&self, out: usize, inp: usize, rows: usize, workspace: usize) -> Result<Vec<Algo>> {
         let l = Layouts::new(out, inp, rows)?;
         let mut pref = MaybeUninit::uninit();
@@ -278,12 +407,30 @@ impl Lt {
         // SAFETY: live handles; results has room for PICKS entries (a zeroed result is valid:
         // status 0 is SUCCESS).
         let found = unsafe {
-            let set = sys::cublasLtMatmulPreferenceSetAttribute(
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            let mut set = sys::cublasLtMatmulPreferenceSetAttribute(
                 pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 &ws as *const u64 as *const c_void,
                 8,
             );
+            // A prefill part may start at any row: only 16 bytes of alignment are promised.
+            let align = 16u32;
+            for attr in [
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+            ] {
+                if set == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    set = sys::cublasLtMatmulPreferenceSetAttribute(
+                        pref,
+                        attr,
+                        &align as *const u32 as *const c_void,
+                        4,
+                    );
+                }
+            }
             let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
                 (0..PICKS).map(|_| std::mem::zeroed()).collect();
             let mut n = 0;
@@ -305,23 +452,51 @@ impl Lt {
             results.truncate(n.max(0) as usize);
             results
         };
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        let get = |algo: &sys::cublasLtMatmulAlgo_t, attr| -> u32 {
+            let (mut v, mut written) = (0u32, 0usize);
+            // SAFETY: a live algorithm struct; reads one u32.
+            unsafe {
+                sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    algo,
+                    attr,
+                    &mut v as *mut u32 as *mut c_void,
+                    4,
+                    &mut written,
+                )
+            };
+            v
+        };
+        let describe = |algo: &sys::cublasLtMatmulAlgo_t| Algo {
+            data: algo.data,
+            id: get(algo, A::CUBLASLT_ALGO_CONFIG_ID),
+            tile: get(algo, A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            stages: get(algo, A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            cluster: get(algo, A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+            swizzle: get(algo, A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+            custom: get(algo, A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+            split_k: get(algo, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            reduction: get(algo, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+            invariant: false,
+            us: Vec::new(),
+        };
         let mut out_algos = Vec::new();
         for r in found
             .iter()
             .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
         {
-            let mut algo = r.algo;
+            out_algos.push(describe(&r.algo));
+            let mut whole = r.algo;
             let (one, none) = (1u32, 0u32);
             // SAFETY: a live algorithm struct; each attribute is one u32.
             unsafe {
-                use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
                 for (attr, v) in [
                     (A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one),
                     (A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none),
                 ] {
                     ok(
                         sys::cublasLtMatmulAlgoConfigSetAttribute(
-                            &mut algo,
+                            &mut whole,
                             attr,
                             v as *const u32 as *const c_void,
                             4,
@@ -330,32 +505,7 @@ impl Lt {
                     )?;
                 }
             }
-            let get = |attr| -> u32 {
-                let (mut v, mut written) = (0u32, 0usize);
-                // SAFETY: as above; reads one u32.
-                unsafe {
-                    sys::cublasLtMatmulAlgoConfigGetAttribute(
-                        &algo,
-                        attr,
-                        &mut v as *mut u32 as *mut c_void,
-                        4,
-                        &mut written,
-                    )
-                };
-                v
-            };
-            use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
-            out_algos.push(Algo {
-                data: algo.data,
-                id: get(A::CUBLASLT_ALGO_CONFIG_ID),
-                tile: get(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
-                stages: get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                cluster: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-                swizzle: get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                custom: get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-                invariant: false,
-                us: Vec::new(),
-            });
+            out_algos.push(describe(&whole));
         }
         Ok(out_algos)
     }
@@ -461,76 +611,103 @@ fn random_bf16(n: usize) -> Vec<u16> {
         .collect()
 }
 
-/// Rows checked against GEMMs of their own, beside rows 0-7: 8 rows starting half-way down
-/// (a multiple of 128, so the input's address keeps cuBLASLt's 256-byte alignment).
+/// Rows checked against GEMMs of their own, beside rows 0-7: 8 rows starting just past half-way
+/// down, at an odd row (as a prefill part may start).
 fn offset_rows(max: usize) -> Option<usize> {
-    let o = max / 2 / 128 * 128;
-    (o > 0 && o + 8 <= max).then_some(o)
+    let o = max / 2 + 1;
+    (o + 8 <= max).then_some(o)
 }
 
 impl CudaBackend {
     /// y [rows, out] (+)= x [rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out, through
-    /// the shape's pinned algorithm.
+    /// the algorithms pinned for the shape: in prefill, each class of prompt length's rows
+    /// through its own.
     pub(super) fn gemm(
         &self,
         w: &Matrix,
         x: u64,
         y: u64,
-        rows: usize,
+        rows: Rows<'_>,
         accumulate: bool,
     ) -> Result<()> {
-        let algo = self
+        let (pass, n) = match rows {
+            Rows::Step(n) => (Pass::Step, n),
+            Rows::Prefill(p) => (Pass::Prefill, p.iter().map(|&(_, r)| r).sum()),
+        };
+        let shape = self
             .gemms
-            .algo(w.rows, w.cols)
+            .shape(w.rows, w.cols, pass)
             .ok_or_else(|| Error::Internal {
-                message: format!("GEMM of a {}x{} weight before its tuning", w.rows, w.cols),
+                message: format!(
+                    "{pass:?} GEMM of a {}x{} weight before its tuning",
+                    w.rows, w.cols
+                ),
             })?;
-        self.lt.matmul(
-            &algo,
-            (w.buf.ptr, w.rows, w.cols),
-            x,
-            y,
-            rows,
-            accumulate,
-            &self.gemm_workspace,
-            self.stream.cu_stream() as sys::cudaStream_t,
-        )
+        let stream = self.stream.cu_stream() as sys::cudaStream_t;
+        let run = |algo: usize, from: usize, count: usize| {
+            self.lt.matmul(
+                &sys::cublasLtMatmulAlgo_t {
+                    data: shape.candidates[algo].data,
+                },
+                (w.buf.ptr, w.rows, w.cols),
+                x + (from * w.cols * BF16) as u64,
+                y + (from * w.rows * F32) as u64,
+                count,
+                accumulate,
+                &self.gemm_workspace,
+                stream,
+            )
+        };
+        let Rows::Prefill(pieces) = rows else {
+            return run(shape.pins[0].algo, 0, n);
+        };
+        for (algo, from, count) in shape.ranges(pieces) {
+            run(algo, from, count)?;
+        }
+        Ok(())
     }
 
-    /// Every distinct GEMM weight shape of the model, one matrix of it, and its row counts.
-    fn gemm_shapes(&self) -> Vec<(&Matrix, &'static [usize])> {
-        let mut all: Vec<(&Matrix, &'static [usize])> = Vec::new();
+    /// Every distinct GEMM weight shape of the model in each pass it runs in, one matrix of it.
+    fn gemm_shapes(&self) -> Vec<(&Matrix, Pass)> {
+        let step = self.max_batch > 1;
+        let mut all: Vec<(&Matrix, Pass)> = Vec::new();
         for l in &self.layers {
             let (a, b) = match &l.mixer {
                 Mixer::Attention(a) => (&a.qkv, &a.o),
                 Mixer::Mlp(m) => (&m.up, &m.down),
                 Mixer::Mamba(m) => (&m.in_proj, &m.out_proj),
             };
-            all.push((a, &LAYER_ROWS));
-            all.push((b, &LAYER_ROWS));
+            for m in [a, b] {
+                all.push((m, Pass::Prefill));
+                if step {
+                    all.push((m, Pass::Step));
+                }
+            }
         }
-        if self.max_batch > 1 {
-            all.push((self.lm_head(), &LM_HEAD_ROWS));
+        if step {
+            all.push((self.lm_head(), Pass::Step));
         }
-        let mut shapes: Vec<(&Matrix, &'static [usize])> = Vec::new();
-        for (m, rows) in all {
+        let mut shapes: Vec<(&Matrix, Pass)> = Vec::new();
+        for (m, pass) in all {
             if !shapes
                 .iter()
-                .any(|(s, _)| (s.rows, s.cols) == (m.rows, m.cols))
+                .any(|(s, p)| (s.rows, s.cols, *p) == (m.rows, m.cols, pass))
             {
-                shapes.push((m, rows));
+                shapes.push((m, pass));
             }
         }
         shapes
     }
 
-    /// Checks and times cuBLASLt's candidates for one shape.
-    fn tune_gemm(&self, w: &Matrix, rows: &[usize], key: &str) -> Result<GemmShape> {
+    /// Checks and times cuBLASLt's candidates for one shape in one pass.
+    fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str) -> Result<GemmShape> {
+        let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
+        let rows = pass.rows();
         let max = *rows.iter().max().expect("rows are listed");
         let ws = self.gemm_workspace.bytes;
         let mut candidates: Vec<Algo> = Vec::new();
-        for at in [max, 32.min(max)] {
+        for &at in rows {
             for a in self.lt.picks(out, inp, at, ws)? {
                 if !candidates.iter().any(|c| c.data == a.data)
                     && std::iter::once(1)
@@ -544,8 +721,8 @@ impl CudaBackend {
         if candidates.is_empty() {
             return Err(Error::Load {
                 message: format!(
-                    "cuBLASLt (version {}) offers no algorithm for a {out}x{inp} bf16 GEMM \
-                     without split-K; the engine needs one",
+                    "cuBLASLt (version {}) offers no algorithm that runs a {out}x{inp} bf16 \
+                     GEMM at every row count from 1 to {max}; the engine needs one",
                     self.lt.version
                 ),
             });
@@ -588,26 +765,41 @@ impl CudaBackend {
             c.us = rows
                 .iter()
                 .map(|&r| {
-                    self.time_runs(1, 5, || run(&a, x.ptr, y.ptr, r))
-                        .map(|ms| ms * 1e3)
+                    (0..3).try_fold(f64::INFINITY, |best, _| {
+                        let ms = self.time_runs(1, 5, || run(&a, x.ptr, y.ptr, r))?;
+                        Ok::<f64, Error>(best.min(ms * 1e3))
+                    })
                 })
                 .collect::<Result<_>>()?;
         }
+        let pins = match pass {
+            Pass::Step => pin_step(&candidates, rows),
+            Pass::Prefill => pin_prefill(&candidates, rows),
+        }
+        .unwrap_or_else(|| {
+            vec![Pin {
+                up_to: max,
+                algo: 0,
+            }]
+        });
         let mut shape = GemmShape {
             key: key.to_string(),
             out,
             inp,
+            pass,
             rows: rows.to_vec(),
-            chosen: choose(&candidates).unwrap_or(0),
+            pins,
             candidates,
             cost: Vec::new(),
+            tune_s: 0.0,
         };
         shape.cost = shape.cost();
+        shape.tune_s = started.elapsed().as_secs_f64();
         Ok(shape)
     }
 
-    /// Pins (or reads from the cache) one algorithm per GEMM shape; every GEMM after this uses
-    /// it. A shape with no row-invariant candidate runs cuBLASLt's first pick and says so in
+    /// Pins (or reads from the cache) one algorithm per GEMM shape and pass; every GEMM after
+    /// this uses it. A shape with no row-invariant candidate runs cuBLASLt's first pick and says so in
     /// `degraded`.
     pub(super) fn tune_gemms(&mut self) -> Result<()> {
         let started = Instant::now();
@@ -620,23 +812,30 @@ impl CudaBackend {
         let mut cached: Vec<GemmShape> = path.as_ref().map(tune::read_cache).unwrap_or_default();
         let key = format!("cublasLt{}", self.lt.version);
         let (mut shapes, mut timed) = (Vec::new(), false);
-        for (w, rows) in self.gemm_shapes() {
+        for (w, pass) in self.gemm_shapes() {
+            let rows = pass.rows();
             let hit = cached.iter().find(|c| {
                 c.key == key
-                    && (c.out, c.inp) == (w.rows, w.cols)
+                    && (c.out, c.inp, c.pass) == (w.rows, w.cols, pass)
                     && c.rows == rows
-                    && c.chosen < c.candidates.len()
-                    // The stored algorithm is cuBLASLt's own bytes: it must still check out.
-                    && std::iter::once(1).chain(rows.iter().copied()).all(|r| {
-                        let a = &c.candidates[c.chosen].data;
-                        self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
+                    && !c.pins.is_empty()
+                    && c.in_use().all(|i| i < c.candidates.len())
+                    // The stored algorithms are cuBLASLt's own bytes: they must still check out.
+                    && c.in_use().all(|i| {
+                        std::iter::once(1).chain(rows.iter().copied()).all(|r| {
+                            let a = &c.candidates[i].data;
+                            self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
+                        })
                     })
             });
             let s = match hit {
-                Some(s) => s.clone(),
+                Some(s) => GemmShape {
+                    tune_s: 0.0,
+                    ..s.clone()
+                },
                 None => {
                     timed = true;
-                    self.tune_gemm(w, rows, &key)?
+                    self.tune_gemm(w, pass, &key)?
                 }
             };
             shapes.push(s);
@@ -646,19 +845,19 @@ impl CudaBackend {
                 cached.retain(|c| {
                     !shapes
                         .iter()
-                        .any(|s| s.key == c.key && (s.out, s.inp) == (c.out, c.inp))
+                        .any(|s| s.key == c.key && (s.out, s.inp, s.pass) == (c.out, c.inp, c.pass))
                 });
                 cached.extend(shapes.iter().cloned());
                 tune::write_cache(p, &cached);
             }
         }
         for s in &shapes {
-            if !s.candidates[s.chosen].invariant {
+            if !s.in_use().all(|i| s.candidates[i].invariant) {
                 self.degraded.push(format!(
-                    "gemm_rows_vary: no cuBLASLt algorithm for the {}x{} GEMM gave a row the \
-                     same bits at every row count checked; its rows may depend on their \
-                     neighbours",
-                    s.out, s.inp
+                    "gemm_rows_vary: no cuBLASLt algorithm for the {}x{} GEMM of the {:?} pass \
+                     gave a row the same bits at every row count checked; its rows may depend \
+                     on their neighbours",
+                    s.out, s.inp, s.pass
                 ));
             }
         }
@@ -685,6 +884,8 @@ mod tests {
             cluster: 0,
             swizzle: 0,
             custom: 0,
+            split_k: 1,
+            reduction: 0,
             invariant,
             us: us.to_vec(),
         }
@@ -694,39 +895,117 @@ mod tests {
     fn the_first_pick_stays_unless_another_wins_by_the_margin() {
         // Second is 1% better in sum: a draw, the first stays.
         let c = [algo(true, &[10.0, 100.0]), algo(true, &[9.9, 99.0])];
-        assert_eq!(choose(&c), Some(0));
+        assert_eq!(choose(&c, 0..2), Some(0));
         // Second is much faster at the small rows, a little slower at the large.
         let c = [algo(true, &[20.0, 100.0]), algo(true, &[10.0, 102.0])];
-        assert_eq!(choose(&c), Some(1));
+        assert_eq!(choose(&c, 0..2), Some(1));
+        // Judged at the large rows only, the first.
+        assert_eq!(choose(&c, 1..2), Some(0));
     }
 
     #[test]
     fn a_candidate_whose_rows_vary_is_never_chosen() {
         let c = [algo(false, &[5.0, 50.0]), algo(true, &[10.0, 100.0])];
-        assert_eq!(choose(&c), Some(1));
-        assert_eq!(choose(&[algo(false, &[1.0])]), None);
-        assert_eq!(choose(&[]), None);
+        assert_eq!(choose(&c, 0..2), Some(1));
+        assert_eq!(choose(&[algo(false, &[1.0])], 0..1), None);
+        assert_eq!(choose(&[], 0..0), None);
     }
 
     #[test]
-    fn cost_is_the_chosen_time_over_the_fastest() {
+    fn prefill_classes_start_where_the_class_below_stops_keeping_up() {
+        let rows = Pass::Prefill.rows();
+        assert_eq!(rows, &[16, 64, 128, 256, 512, 1024]);
+        // Small tiles: fast up to 64 rows; large tiles from 128; a third fastest at 1,024 by
+        // 1% only, and one whose rows vary, fastest everywhere.
+        let small = algo(true, &[10.0, 12.0, 30.0, 60.0, 120.0, 240.0]);
+        let large = algo(true, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0]);
+        let third = algo(true, &[30.0, 30.0, 30.0, 40.0, 60.0, 79.2]);
+        let varies = algo(false, &[1.0; 6]);
+        let c = [varies, small.clone(), large.clone(), third];
+        let pins = pin_prefill(&c, rows).unwrap();
+        assert_eq!(
+            pins,
+            vec![
+                Pin { up_to: 64, algo: 1 },
+                Pin {
+                    up_to: 1024,
+                    algo: 2
+                }
+            ]
+        );
         let s = GemmShape {
             key: "k".into(),
             out: 8,
             inp: 8,
-            rows: vec![8, 1024],
-            candidates: vec![algo(true, &[20.0, 100.0]), algo(false, &[10.0, 110.0])],
-            chosen: 0,
+            pass: Pass::Prefill,
+            rows: rows.to_vec(),
+            candidates: c.to_vec(),
+            pins,
             cost: Vec::new(),
+            tune_s: 0.0,
+        };
+        assert_eq!((s.pinned(1), s.pinned(64), s.pinned(65)), (1, 1, 2));
+        // Longer than a pass: the last class.
+        assert_eq!(s.pinned(5000), 2);
+        // A pass of a 5-, two 64- and a 1,500-token prompt's first 900 rows: two GEMMs, the
+        // short prompts' rows through the small tiles, the long one's after them.
+        let pieces = [(5, 5), (64, 64), (64, 64), (1500, 900)];
+        assert_eq!(
+            s.ranges(&pieces).collect::<Vec<_>>(),
+            vec![(1, 0, 133), (2, 133, 900)]
+        );
+        // One class: one GEMM over the pass.
+        assert_eq!(
+            s.ranges(&[(200, 200), (300, 300)]).collect::<Vec<_>>(),
+            vec![(2, 0, 500)]
+        );
+        // Against every candidate, the one whose rows vary included: what invariance costs.
+        assert_eq!(s.cost(), vec![10.0, 12.0, 21.0, 30.0, 45.0, 80.0]);
+        // One kernel fastest everywhere: one class.
+        let c = [small, large, algo(true, &[9.0; 6])];
+        assert_eq!(
+            pin_prefill(&c, rows),
+            Some(vec![Pin {
+                up_to: 1024,
+                algo: 2
+            }])
+        );
+        assert_eq!(pin_prefill(&[algo(false, &[1.0; 6])], rows), None);
+    }
+
+    #[test]
+    fn the_step_pins_one_candidate_for_every_batch() {
+        let c = [
+            algo(true, &[10.0, 10.0, 20.0]),
+            algo(true, &[12.0, 12.0, 12.0]),
+        ];
+        assert_eq!(
+            pin_step(&c, Pass::Step.rows()),
+            Some(vec![Pin { up_to: 32, algo: 1 }])
+        );
+        assert_eq!(pin_step(&[algo(false, &[1.0; 3])], Pass::Step.rows()), None);
+    }
+
+    #[test]
+    fn cost_is_the_pinned_time_over_the_fastest() {
+        let s = GemmShape {
+            key: "k".into(),
+            out: 8,
+            inp: 8,
+            pass: Pass::Step,
+            rows: vec![8, 32],
+            candidates: vec![algo(true, &[20.0, 100.0]), algo(false, &[10.0, 110.0])],
+            pins: vec![Pin { up_to: 32, algo: 0 }],
+            cost: Vec::new(),
+            tune_s: 0.0,
         };
         assert_eq!(s.cost(), vec![2.0, 1.0]);
     }
 
     #[test]
-    fn offset_rows_keep_the_alignment_and_stay_inside() {
-        assert_eq!(offset_rows(1024), Some(512));
-        assert_eq!(offset_rows(256), Some(128));
-        assert_eq!(offset_rows(32), None);
+    fn offset_rows_start_past_half_way_and_stay_inside() {
+        assert_eq!(offset_rows(1024), Some(513));
+        assert_eq!(offset_rows(32), Some(17));
         assert_eq!(offset_rows(8), None);
     }
 }

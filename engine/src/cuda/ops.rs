@@ -4,6 +4,7 @@
 
 use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
+use super::gemm::Rows;
 use super::load::{AttentionWeights, MambaWeights, Matrix, MlpWeights};
 use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
 use crate::backend::Scored;
@@ -343,7 +344,7 @@ impl CudaBackend {
         w: &Matrix,
         x: u64,
         y: u64,
-        rows: usize,
+        rows: Rows<'_>,
         accumulate: bool,
     ) -> Result<()> {
         self.gemm(w, x, y, rows, accumulate)?;

@@ -241,16 +241,20 @@ impl Segment {
 }
 
 /// The prefill passes of prompts of `lens` tokens, prefilled together: each prompt cut where it
-/// is cut alone (every `chunk` positions), and those pieces packed in order into passes of at
-/// most `chunk` rows, a piece that does not fit starting the next pass. A piece is one segment:
-/// the GEMMs run per segment, with the rows a prompt alone would give them, so a prompt's bits do
-/// not depend on the prompts prefilled with it; the row-wise kernels (norms, attention, the
-/// Mamba scan over every segment at once) run over the whole pass.
+/// is cut alone (every `chunk` positions), and those pieces packed, shortest prompt first (in
+/// order among prompts of one length), into passes of at most `chunk` rows, a piece that does
+/// not fit starting the next pass. A piece is one segment. A pass's GEMMs run over all of its
+/// rows, or in two parts where a shape pins a second algorithm for short prompts (gemm.rs): the
+/// order puts a pass's short prompts first, so each part is one range of rows. The row-wise
+/// kernels (norms, attention, the Mamba scan over every segment at once) run over the whole pass.
 pub fn prefill_passes(lens: &[usize], chunk: usize) -> Vec<Vec<Segment>> {
     let mut passes = Vec::new();
     let mut cur: Vec<Segment> = Vec::new();
     let mut used = 0;
-    for (seq, &len) in lens.iter().enumerate() {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&k| lens[k]);
+    for seq in order {
+        let len = lens[seq];
         let mut from = 0;
         while from < len {
             let n = (len - from).min(chunk);
@@ -883,7 +887,7 @@ mod tests {
     }
 
     #[test]
-    fn prompts_prefilled_together_fill_each_pass_in_order() {
+    fn prompts_prefilled_together_fill_each_pass_shortest_first() {
         let seg = |seq, from, len, row| Segment {
             seq,
             from,
@@ -899,19 +903,24 @@ mod tests {
                 vec![seg(0, 2048, 452, 0)]
             ]
         );
-        // Several: pieces in prompt order, a piece that does not fit the pass opening the next;
-        // a long prompt's pieces where it is cut alone.
-        let p = prefill_passes(&[5, 1000, 60, 17, 1500], 1024);
+        // Several: pieces shortest prompt first (ties in prompt order), a piece that does not fit
+        // the pass opening the next; a long prompt's pieces where it is cut alone.
+        let p = prefill_passes(&[60, 1000, 5, 17, 1500, 17], 1024);
         assert_eq!(
             p,
             vec![
-                vec![seg(0, 0, 5, 0), seg(1, 0, 1000, 5)],
-                vec![seg(2, 0, 60, 0), seg(3, 0, 17, 60)],
+                vec![
+                    seg(2, 0, 5, 0),
+                    seg(3, 0, 17, 5),
+                    seg(5, 0, 17, 22),
+                    seg(0, 0, 60, 39)
+                ],
+                vec![seg(1, 0, 1000, 0)],
                 vec![seg(4, 0, 1024, 0)],
                 vec![seg(4, 1024, 476, 0)],
             ]
         );
-        assert!(p[1][1].ends(17) && p[1][0].ends(60) && !p[2][0].ends(1500) && p[3][0].ends(1500));
+        assert!(p[0][1].ends(17) && p[0][3].ends(60) && !p[2][0].ends(1500) && p[3][0].ends(1500));
         // Every row of every prompt once, no pass over the chunk.
         let lens = [1, 1023, 1, 2048, 7, 1024];
         let passes = prefill_passes(&lens, 1024);

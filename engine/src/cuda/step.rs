@@ -7,6 +7,7 @@ use cudarc::driver::{sys, CudaGraph};
 
 use super::backend::{CudaBackend, RowState};
 use super::device::driver_err;
+use super::gemm::Rows;
 use super::load::{Mixer, Sublayer};
 use super::ops::{Attention, Gemv, Mamba, Paging};
 use super::plan::{self, GemvMode, StepPath};
@@ -122,12 +123,26 @@ impl CudaBackend {
             // The mixer's input GEMM and core; then its output GEMM adds into the stream.
             let (name, output, mixed) = match &l.mixer {
                 Mixer::Attention(a) => {
-                    self.blas_gemm("gemm_qkv", &a.qkv, d.xn_bf16.ptr, d.qkv.ptr, batch, false)?;
+                    self.blas_gemm(
+                        "gemm_qkv",
+                        &a.qkv,
+                        d.xn_bf16.ptr,
+                        d.qkv.ptr,
+                        Rows::Step(batch),
+                        false,
+                    )?;
                     self.decode_attention(a, batch, 0, d.attn_bf16.ptr)?;
                     ("gemm_o", &a.o, d.attn_bf16.ptr)
                 }
                 Mixer::Mlp(m) => {
-                    self.blas_gemm("gemm_up", &m.up, d.xn_bf16.ptr, d.up.ptr, batch, false)?;
+                    self.blas_gemm(
+                        "gemm_up",
+                        &m.up,
+                        d.xn_bf16.ptr,
+                        d.up.ptr,
+                        Rows::Step(batch),
+                        false,
+                    )?;
                     self.mlp_activation(m, d.up.ptr, d.act_bf16.ptr, batch)?;
                     ("gemm_down", &m.down, d.act_bf16.ptr)
                 }
@@ -137,14 +152,14 @@ impl CudaBackend {
                         &m.in_proj,
                         d.xn_bf16.ptr,
                         d.zxbcdt.ptr,
-                        batch,
+                        Rows::Step(batch),
                         false,
                     )?;
                     self.decode_mamba(m, batch, 0, d.gated_bf16.ptr)?;
                     ("gemm_out_proj", &m.out_proj, d.gated_bf16.ptr)
                 }
             };
-            self.blas_gemm(name, output, mixed, d.x.ptr, batch, true)?;
+            self.blas_gemm(name, output, mixed, d.x.ptr, Rows::Step(batch), true)?;
         }
         self.rmsnorm(d.x.ptr, &self.norm, batch, 0, d.xn_bf16.ptr)?;
         self.blas_gemm(
@@ -152,7 +167,7 @@ impl CudaBackend {
             self.lm_head(),
             d.xn_bf16.ptr,
             d.logits.ptr,
-            batch,
+            Rows::Step(batch),
             false,
         )?;
         launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
