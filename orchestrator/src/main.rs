@@ -264,7 +264,9 @@ fn run_cmd(unit: &Path, opts: &RunOptions) -> ExitCode {
             }
             out!("{}", o.summary);
             // A signal while the summary was printed counts as one after the record was
-            // written (run/files.rs said_interrupted looked last before it).
+            // written (run/files.rs said_interrupted looked last before it); one after this
+            // last look ends the process in the handler, with the same words.
+            orchestrator::util::interrupt::finishing();
             let late = o.exit_status != run::EXIT_ERROR
                 && orchestrator::util::interrupt::pending().inspect(|sig| {
                     sayln!(

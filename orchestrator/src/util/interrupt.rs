@@ -3,14 +3,32 @@
 //! while waiting for the lease or a child, between legs) and ends the run with a message, its
 //! children killed, exit status 2, and a record if something was measured. A second signal
 //! while the first is being handled ends the process at once (exit 2): the children die with it
-//! (util/child.rs), and a record being written is atomic, so nothing is torn.
+//! (util/child.rs), and a record being written is atomic, so nothing is torn. Once a run's
+//! record is written and its summary printed ([`finishing`]), a signal ends the process at once.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 static PENDING: AtomicI32 = AtomicI32::new(0);
+static FINISHING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(sig: libc::c_int) {
+    if FINISHING.load(Ordering::SeqCst) {
+        let said: &[u8] = match sig {
+            libc::SIGINT => {
+                b"orchestrator: interrupted by SIGINT after the record was written; exit status 2\n"
+            }
+            libc::SIGTERM => {
+                b"orchestrator: interrupted by SIGTERM after the record was written; exit status 2\n"
+            }
+            _ => b"orchestrator: interrupted by SIGHUP after the record was written; exit status 2\n",
+        };
+        // SAFETY: write and _exit are async-signal-safe; the buffers are static.
+        unsafe {
+            libc::write(2, said.as_ptr().cast(), said.len());
+            libc::_exit(2);
+        }
+    }
     if PENDING.swap(sig, Ordering::SeqCst) != 0 {
         const SAID: &[u8] = b"orchestrator: interrupted again; exiting at once (exit 2)\n";
         // SAFETY: write and _exit are async-signal-safe; the buffer is static.
@@ -38,6 +56,13 @@ pub fn install() {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
+}
+
+/// From here on a signal ends the process at once, exit 2, with a line saying the record was
+/// already written. Called once a run's outcome is settled and before its last look at
+/// [`pending`], so that no signal falls between that look and the exit unheeded.
+pub fn finishing() {
+    FINISHING.store(true, Ordering::SeqCst);
 }
 
 /// The name of the signal received, if one was.
