@@ -118,8 +118,8 @@ impl CudaBackend {
     /// the pieces packed shortest prompt first into passes of up to PREFILL_CHUNK rows, each GEMM
     /// one over each class of prompt length's rows through the algorithm pinned for it, so a
     /// prompt's bits are those of its prefill alone: gemm.rs), each one's K and V into its
-    /// table's blocks and its recurrent state into its slot; prompt k's last row, normalised, into row k of
-    /// `last_xn`, and its greedy token into `tokens_out[k]` (not read).
+    /// table's blocks and its recurrent state into its slot; prompt k's last row, normalised,
+    /// into row k of `last_xn`, and its greedy token into `tokens_out[k]` (not read).
     fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
         if seqs.is_empty() || seqs.len() > self.max_batch {
             return Err(Error::Internal {
@@ -174,6 +174,7 @@ impl CudaBackend {
             starts.push(n as i32);
             // What the GEMMs need to split the pass: each segment's prompt length and rows.
             let pieces: Vec<(usize, usize)> = pass.iter().map(|s| (lens[s.seq], s.len)).collect();
+            let rows = Rows::Prefill(&pieces);
             if p > 0 {
                 // The uploads are synchronous copies on the legacy stream, which does not wait
                 // for `self.stream` (non-blocking): the previous pass's kernels, still reading
@@ -198,7 +199,7 @@ impl CudaBackend {
                             &a.qkv,
                             pf.xn_bf16.ptr,
                             pf.qkv.ptr,
-                            Rows::Prefill(&pieces),
+                            rows,
                             false,
                         )?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
@@ -215,14 +216,7 @@ impl CudaBackend {
                             out_bf16: pf.attn_bf16.ptr,
                             rope: false,
                         })?;
-                        self.blas_gemm(
-                            "gemm_o",
-                            &a.o,
-                            pf.attn_bf16.ptr,
-                            pf.x.ptr,
-                            Rows::Prefill(&pieces),
-                            true,
-                        )?;
+                        self.blas_gemm("gemm_o", &a.o, pf.attn_bf16.ptr, pf.x.ptr, rows, true)?;
                     }
                     Mixer::Mlp(m) => {
                         self.blas_gemm(
@@ -230,7 +224,7 @@ impl CudaBackend {
                             &m.up,
                             pf.xn_bf16.ptr,
                             pf.gate_up.ptr,
-                            Rows::Prefill(&pieces),
+                            rows,
                             false,
                         )?;
                         self.mlp_activation(m, pf.gate_up.ptr, pf.act_bf16.ptr, n)?;
@@ -239,7 +233,7 @@ impl CudaBackend {
                             &m.down,
                             pf.act_bf16.ptr,
                             pf.x.ptr,
-                            Rows::Prefill(&pieces),
+                            rows,
                             true,
                         )?;
                     }
@@ -249,7 +243,7 @@ impl CudaBackend {
                             &m.in_proj,
                             pf.xn_bf16.ptr,
                             pf.zxbcdt.ptr,
-                            Rows::Prefill(&pieces),
+                            rows,
                             false,
                         )?;
                         self.mamba(&Mamba {
@@ -271,7 +265,7 @@ impl CudaBackend {
                             &m.out_proj,
                             pf.gated_bf16.ptr,
                             pf.x.ptr,
-                            Rows::Prefill(&pieces),
+                            rows,
                             true,
                         )?;
                     }

@@ -28,7 +28,6 @@
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::ops::Range;
 use std::time::Instant;
 
 use cudarc::cublaslt::sys;
@@ -192,12 +191,12 @@ fn best_at(candidates: &[Algo], r: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// The rule at the row counts `at` (indices into `us`): among the row-invariant candidates, the
-/// smallest sum over those row counts of the time over the fastest candidate's time there; the
-/// first invariant candidate unless another's sum is [`tune::MARGIN`] smaller. None when no
-/// candidate is row-invariant.
-pub fn choose(candidates: &[Algo], at: Range<usize>) -> Option<usize> {
-    let score = |c: &Algo| -> f64 { at.clone().map(|r| c.us[r] / best_at(candidates, r)).sum() };
+/// The rule: among the row-invariant candidates, the smallest sum over the row counts of the
+/// time over the fastest candidate's time there; the first invariant candidate unless another's
+/// sum is [`tune::MARGIN`] smaller. None when no candidate is row-invariant.
+pub fn choose(candidates: &[Algo]) -> Option<usize> {
+    let rows = candidates.first()?.us.len();
+    let score = |c: &Algo| -> f64 { (0..rows).map(|r| c.us[r] / best_at(candidates, r)).sum() };
     let first = candidates.iter().position(|c| c.invariant)?;
     let best = (0..candidates.len())
         .filter(|&i| candidates[i].invariant)
@@ -219,7 +218,7 @@ pub fn choose(candidates: &[Algo], at: Range<usize>) -> Option<usize> {
 
 /// The step's pin: one candidate by [`choose`] over every row count, for every batch.
 pub fn pin_step(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
-    let algo = choose(candidates, 0..rows.len())?;
+    let algo = choose(candidates)?;
     Some(vec![Pin {
         up_to: *rows.last()?,
         algo,
@@ -630,9 +629,9 @@ impl CudaBackend {
         rows: Rows<'_>,
         accumulate: bool,
     ) -> Result<()> {
-        let (pass, n) = match rows {
-            Rows::Step(n) => (Pass::Step, n),
-            Rows::Prefill(p) => (Pass::Prefill, p.iter().map(|&(_, r)| r).sum()),
+        let pass = match rows {
+            Rows::Step(_) => Pass::Step,
+            Rows::Prefill(_) => Pass::Prefill,
         };
         let shape = self
             .gemms
@@ -658,13 +657,12 @@ impl CudaBackend {
                 stream,
             )
         };
-        let Rows::Prefill(pieces) = rows else {
-            return run(shape.pins[0].algo, 0, n);
-        };
-        for (algo, from, count) in shape.ranges(pieces) {
-            run(algo, from, count)?;
+        match rows {
+            Rows::Step(n) => run(shape.pinned(n), 0, n),
+            Rows::Prefill(pieces) => shape
+                .ranges(pieces)
+                .try_for_each(|(algo, from, count)| run(algo, from, count)),
         }
-        Ok(())
     }
 
     /// Every distinct GEMM weight shape of the model in each pass it runs in, one matrix of it.
@@ -798,9 +796,9 @@ impl CudaBackend {
         Ok(shape)
     }
 
-    /// Pins (or reads from the cache) one algorithm per GEMM shape and pass; every GEMM after
-    /// this uses it. A shape with no row-invariant candidate runs cuBLASLt's first pick and says so in
-    /// `degraded`.
+    /// Pins (or reads from the cache) the algorithms of every GEMM shape and pass; every GEMM
+    /// after this uses them. A shape with no row-invariant candidate runs cuBLASLt's first pick
+    /// and says so in `degraded`.
     pub(super) fn tune_gemms(&mut self) -> Result<()> {
         let started = Instant::now();
         let path = tune::cache_file(
@@ -819,13 +817,13 @@ impl CudaBackend {
                     && (c.out, c.inp, c.pass) == (w.rows, w.cols, pass)
                     && c.rows == rows
                     && !c.pins.is_empty()
-                    && c.in_use().all(|i| i < c.candidates.len())
                     // The stored algorithms are cuBLASLt's own bytes: they must still check out.
                     && c.in_use().all(|i| {
-                        std::iter::once(1).chain(rows.iter().copied()).all(|r| {
-                            let a = &c.candidates[i].data;
-                            self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
-                        })
+                        i < c.candidates.len()
+                            && std::iter::once(1).chain(rows.iter().copied()).all(|r| {
+                                let a = &c.candidates[i].data;
+                                self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
+                            })
                     })
             });
             let s = match hit {
@@ -895,20 +893,18 @@ mod tests {
     fn the_first_pick_stays_unless_another_wins_by_the_margin() {
         // Second is 1% better in sum: a draw, the first stays.
         let c = [algo(true, &[10.0, 100.0]), algo(true, &[9.9, 99.0])];
-        assert_eq!(choose(&c, 0..2), Some(0));
+        assert_eq!(choose(&c), Some(0));
         // Second is much faster at the small rows, a little slower at the large.
         let c = [algo(true, &[20.0, 100.0]), algo(true, &[10.0, 102.0])];
-        assert_eq!(choose(&c, 0..2), Some(1));
-        // Judged at the large rows only, the first.
-        assert_eq!(choose(&c, 1..2), Some(0));
+        assert_eq!(choose(&c), Some(1));
     }
 
     #[test]
     fn a_candidate_whose_rows_vary_is_never_chosen() {
         let c = [algo(false, &[5.0, 50.0]), algo(true, &[10.0, 100.0])];
-        assert_eq!(choose(&c, 0..2), Some(1));
-        assert_eq!(choose(&[algo(false, &[1.0])], 0..1), None);
-        assert_eq!(choose(&[], 0..0), None);
+        assert_eq!(choose(&c), Some(1));
+        assert_eq!(choose(&[algo(false, &[1.0])]), None);
+        assert_eq!(choose(&[]), None);
     }
 
     #[test]

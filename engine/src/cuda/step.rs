@@ -117,32 +117,19 @@ impl CudaBackend {
     /// logits and `argmax_rows` over them, rounded to bf16.
     fn step_blas(&self, batch: usize) -> Result<()> {
         let d = &self.dec;
+        let rows = Rows::Step(batch);
         self.embed(d.tokens.ptr, d.x.ptr, batch)?;
         for l in &self.layers {
             self.rmsnorm(d.x.ptr, &l.norm, batch, 0, d.xn_bf16.ptr)?;
             // The mixer's input GEMM and core; then its output GEMM adds into the stream.
             let (name, output, mixed) = match &l.mixer {
                 Mixer::Attention(a) => {
-                    self.blas_gemm(
-                        "gemm_qkv",
-                        &a.qkv,
-                        d.xn_bf16.ptr,
-                        d.qkv.ptr,
-                        Rows::Step(batch),
-                        false,
-                    )?;
+                    self.blas_gemm("gemm_qkv", &a.qkv, d.xn_bf16.ptr, d.qkv.ptr, rows, false)?;
                     self.decode_attention(a, batch, 0, d.attn_bf16.ptr)?;
                     ("gemm_o", &a.o, d.attn_bf16.ptr)
                 }
                 Mixer::Mlp(m) => {
-                    self.blas_gemm(
-                        "gemm_up",
-                        &m.up,
-                        d.xn_bf16.ptr,
-                        d.up.ptr,
-                        Rows::Step(batch),
-                        false,
-                    )?;
+                    self.blas_gemm("gemm_up", &m.up, d.xn_bf16.ptr, d.up.ptr, rows, false)?;
                     self.mlp_activation(m, d.up.ptr, d.act_bf16.ptr, batch)?;
                     ("gemm_down", &m.down, d.act_bf16.ptr)
                 }
@@ -152,14 +139,14 @@ impl CudaBackend {
                         &m.in_proj,
                         d.xn_bf16.ptr,
                         d.zxbcdt.ptr,
-                        Rows::Step(batch),
+                        rows,
                         false,
                     )?;
                     self.decode_mamba(m, batch, 0, d.gated_bf16.ptr)?;
                     ("gemm_out_proj", &m.out_proj, d.gated_bf16.ptr)
                 }
             };
-            self.blas_gemm(name, output, mixed, d.x.ptr, Rows::Step(batch), true)?;
+            self.blas_gemm(name, output, mixed, d.x.ptr, rows, true)?;
         }
         self.rmsnorm(d.x.ptr, &self.norm, batch, 0, d.xn_bf16.ptr)?;
         self.blas_gemm(
@@ -167,7 +154,7 @@ impl CudaBackend {
             self.lm_head(),
             d.xn_bf16.ptr,
             d.logits.ptr,
-            Rows::Step(batch),
+            rows,
             false,
         )?;
         launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
