@@ -5,7 +5,7 @@
 // once, in engine/src/cuda/plan.rs (KERNEL_DEFINES), and handed to NVRTC as -D options.
 #if !defined(GEMV_WARPS) || !defined(GEMV_MMA_U) || !defined(ATT_WARPS) || !defined(ATT_MAXG) || \
     !defined(ATT_SPLIT_MIN) || !defined(ATT_MAX_SPLITS) || !defined(MAX_HEAD_DIM) ||                 \
-    !defined(MAMBA_MAX_WINDOW) || !defined(MAMBA_SSM_PER)
+    !defined(MAMBA_MAX_WINDOW) || !defined(MAMBA_SSM_PER) || !defined(ATT_PF_WARPS) || !defined(ATT_PF_POS)
 #error "compile with the engine's -D options (plan.rs KERNEL_DEFINES; kernels.rs options)"
 #endif
 static_assert(MAX_HEAD_DIM <= 128, "a lane holds two rotary frequencies (rope_kv.cu rope_freqs)");

@@ -186,6 +186,8 @@ impl CudaBackend {
             pf.row_table.write(0, &row_table)?;
             pf.starts.write(0, &starts)?;
             pf.slots.write(0, &slots)?;
+            let tiles = plan::attention_prefill_tiles(pass);
+            pf.tiles.write(0, tiles.as_flattened())?;
             if let Some(p) = &self.profiler {
                 p.begin_pass(n, &self.stream)?;
             }
@@ -203,19 +205,31 @@ impl CudaBackend {
                             false,
                         )?;
                         self.rope_kv(a, pf.qkv.ptr, n, paging)?;
-                        self.attention(&Attention {
-                            w: a,
-                            qkv: pf.qkv.ptr,
-                            rows: n,
-                            splits: 1,
-                            paging,
-                            part_o: pf.part_o.ptr,
-                            part_ml: pf.part_ml.ptr,
-                            counts: pf.counts.ptr,
-                            out_f32: 0,
-                            out_bf16: pf.attn_bf16.ptr,
-                            rope: false,
-                        })?;
+                        if self.f.attention_prefill.is_some() {
+                            self.attention_prefill(
+                                a,
+                                pf.qkv.ptr,
+                                paging,
+                                pf.tiles.ptr,
+                                tiles.len(),
+                                pf.attn_bf16.ptr,
+                            )?;
+                        } else {
+                            // One split per row: its scratch is never touched.
+                            self.attention(&Attention {
+                                w: a,
+                                qkv: pf.qkv.ptr,
+                                rows: n,
+                                splits: 1,
+                                paging,
+                                part_o: 0,
+                                part_ml: 0,
+                                counts: 0,
+                                out_f32: 0,
+                                out_bf16: pf.attn_bf16.ptr,
+                                rope: false,
+                            })?;
+                        }
                         self.blas_gemm("gemm_o", &a.o, pf.attn_bf16.ptr, pf.x.ptr, rows, true)?;
                     }
                     Mixer::Mlp(m) => {

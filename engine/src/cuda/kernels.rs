@@ -21,6 +21,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
     ("rope_kv.cu", include_str!("../../kernels/rope_kv.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
+    (
+        "attention_prefill.cu",
+        include_str!("../../kernels/attention_prefill.cu"),
+    ),
     ("swiglu.cu", include_str!("../../kernels/swiglu.cu")),
     ("argmax.cu", include_str!("../../kernels/argmax.cu")),
     ("score.cu", include_str!("../../kernels/score.cu")),
@@ -242,7 +246,9 @@ mod tests {
                 assert!(has(&m.logits_kernel(b)), "{} missing", m.logits_kernel(b));
             }
         }
-        let attention = (0..=3).map(|p| format!("attention_g{}", 1 << p));
+        let attention = (0..=3)
+            .map(|p| format!("attention_g{}", 1 << p))
+            .chain([16, 32, 64, 128].map(|d| format!("attention_prefill_d{d}")));
         let others = [
             "embed_gather",
             "rmsnorm",

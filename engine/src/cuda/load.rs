@@ -106,6 +106,8 @@ pub(super) struct Funcs {
     pub rmsnorm: CudaFunction,
     pub rope_kv: CudaFunction,
     pub attention: CudaFunction,
+    /// The tensor-core prefill attention for the model's head dimension, if it has one.
+    pub attention_prefill: Option<CudaFunction>,
     pub swiglu: CudaFunction,
     pub argmax_final: CudaFunction,
     /// The cuBLAS step's argmax over its logits.
@@ -172,9 +174,8 @@ pub(super) struct PrefillBufs {
     pub attn_bf16: DevBuf,
     pub gate_up: DevBuf,
     pub act_bf16: DevBuf,
-    pub part_o: DevBuf,
-    pub part_ml: DevBuf,
-    pub counts: DevBuf,
+    /// The prefill attention's tiles of the pass (plan.rs `attention_prefill_tiles`).
+    pub tiles: DevBuf,
     /// The pass's segments (one per prompt with rows in it, plan.rs `prefill_passes`): each one's
     /// recurrent-state slot and first row; and the Mamba mixer's buffers.
     pub slots: DevBuf,
@@ -514,6 +515,18 @@ impl Funcs {
             rmsnorm: k("rmsnorm")?,
             rope_kv: k("rope_kv")?,
             attention: k(&plan::attention_kernel(cfg))?,
+            attention_prefill: plan::attention_prefill_kernel(cfg)
+                .map(|name| {
+                    let f = k(&name)?;
+                    // More than the 48 KiB a block gets without asking (Hopper has 227 KiB).
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        plan::attention_prefill_smem_bytes(cfg.head_dim) as i32,
+                    )
+                    .map_err(driver_err("prefill attention's shared memory"))?;
+                    Ok::<_, Error>(f)
+                })
+                .transpose()?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
             argmax_rows: k("argmax_rows")?,
@@ -583,9 +596,7 @@ impl PrefillBufs {
             attn_bf16: h(layout.attn_bf16)?,
             gate_up: f(layout.gate_up)?,
             act_bf16: h(layout.act_bf16)?,
-            part_o: f(layout.part_o)?,
-            part_ml: f(layout.part_ml)?,
-            counts: f(layout.counts)?,
+            tiles: f(layout.tiles)?,
             slots: f(seqs)?,
             starts: f(seqs + 1)?,
             zxbcdt: f(layout.zxbcdt.max(1))?,

@@ -14,6 +14,8 @@ mod step;
 mod tune;
 
 #[cfg(test)]
+mod attention_gpu_tests;
+#[cfg(test)]
 mod gemv_gpu_tests;
 #[cfg(test)]
 mod mamba_gpu_tests;

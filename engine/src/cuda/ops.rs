@@ -225,6 +225,35 @@ impl CudaBackend {
         self.mark("attention", 0)
     }
 
+    /// A prefill pass's attention on the tensor cores (attention_prefill.cu): `tiles` blocks of
+    /// up to [`plan::ATT_PF_ROWS`] rows of one prompt (plan.rs `attention_prefill_tiles`, on the
+    /// device at `tile_list`), per query head, into `out_bf16`. The caller has checked that the
+    /// model has the kernel (`f.attention_prefill`).
+    pub(super) fn attention_prefill(
+        &self,
+        w: &AttentionWeights,
+        qkv: u64,
+        paging: Paging,
+        tile_list: u64,
+        tiles: usize,
+        out_bf16: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let f = self
+            .f
+            .attention_prefill
+            .as_ref()
+            .expect("checked by the caller");
+        launch!(f, &self.stream, self.pdl,
+            (tiles as u32, c.num_heads as u32, 1), 32 * plan::ATT_PF_WARPS as u32,
+            plan::attention_prefill_smem_bytes(c.head_dim);
+            qkv, self.qkv_width() as i32, self.k_cache[w.cache].ptr, self.v_cache[w.cache].ptr,
+            paging.positions, paging.row_table, paging.tables, paging.max_blocks as i32, tile_list,
+            c.num_heads as i32, c.num_kv_heads as i32, self.pool.block_size as i32,
+            self.faults.attention_scale(c.head_dim), 0u64, out_bf16)?;
+        self.mark("attention", 0)
+    }
+
     /// The Mamba-2 mixer's conv, SSM and gated norm (mamba.cu).
     pub(super) fn mamba(&self, m: &Mamba) -> Result<()> {
         let hy = &self

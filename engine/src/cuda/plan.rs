@@ -22,6 +22,13 @@ pub const ATT_MAXG: usize = 8;
 /// Largest head dimension the attention kernel handles (16 lanes of 8 dimensions per position;
 /// `MAX_HEAD_DIM` in the kernels).
 pub const MAX_HEAD_DIM: usize = 128;
+/// Warps per block of the prefill attention (`ATT_PF_WARPS` in attention_prefill.cu), each 16
+/// query rows of the block's tile.
+pub const ATT_PF_WARPS: usize = 4;
+/// Query rows of one prefill attention block.
+pub const ATT_PF_ROWS: usize = 16 * ATT_PF_WARPS;
+/// Positions per K/V tile the prefill attention stages in shared memory (`ATT_PF_POS`).
+pub const ATT_PF_POS: usize = 64;
 /// Positions per attention split (`ATT_SPLIT_MIN` in attention.cu).
 pub const ATT_SPLIT_MIN: usize = 16;
 /// Context splits per (sequence, KV head) in decode: the attention grid's depth. A row uses one
@@ -33,13 +40,15 @@ pub const MAX_SPLITS: usize = 32;
 pub const MMA_U: usize = 4;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 9] = [
+pub const KERNEL_DEFINES: [(&str, usize); 11] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
     ("ATT_WARPS", ATT_WARPS),
     ("ATT_MAXG", ATT_MAXG),
     ("ATT_SPLIT_MIN", ATT_SPLIT_MIN),
     ("ATT_MAX_SPLITS", MAX_SPLITS),
+    ("ATT_PF_WARPS", ATT_PF_WARPS),
+    ("ATT_PF_POS", ATT_PF_POS),
     ("MAX_HEAD_DIM", MAX_HEAD_DIM),
     ("MAMBA_MAX_WINDOW", MAMBA_MAX_WINDOW),
     ("MAMBA_SSM_PER", MAMBA_SSM_PER),
@@ -554,6 +563,39 @@ pub fn attention_kernel(cfg: &ModelConfig) -> String {
     format!("attention_g{}", g.next_power_of_two())
 }
 
+/// The tensor-core prefill attention for the model's head dimension (`attention_prefill_d{D}`,
+/// attention_prefill.cu instantiates 16, 32, 64 and 128), or none: other head dimensions
+/// prefill through the decode kernel, one row per block.
+pub fn attention_prefill_kernel(cfg: &ModelConfig) -> Option<String> {
+    [16, 32, 64, 128]
+        .contains(&cfg.head_dim)
+        .then(|| format!("attention_prefill_d{}", cfg.head_dim))
+}
+
+/// Dynamic shared memory of the prefill attention: K and V tiles of [`ATT_PF_POS`] positions,
+/// two deep, each row padded by 8 bf16.
+pub fn attention_prefill_smem_bytes(head_dim: usize) -> u32 {
+    (2 * 2 * ATT_PF_POS * (head_dim + 8) * 2) as u32
+}
+
+/// The prefill attention's blocks for a pass: each segment's rows in tiles of at most
+/// [`ATT_PF_ROWS`] (first row, rows), a tile never across two segments (its rows one prompt's,
+/// at consecutive positions), those ending at the latest position first, so the longest blocks
+/// start first and the short ones fill in behind them.
+pub fn attention_prefill_tiles(pass: &[Segment]) -> Vec<[i32; 2]> {
+    let mut tiles: Vec<(usize, [i32; 2])> = pass
+        .iter()
+        .flat_map(|s| {
+            (0..s.len).step_by(ATT_PF_ROWS).map(move |r| {
+                let n = (s.len - r).min(ATT_PF_ROWS);
+                (s.from + r + n, [(s.row + r) as i32, n as i32])
+            })
+        })
+        .collect();
+    tiles.sort_by_key(|&(end, _)| std::cmp::Reverse(end));
+    tiles.into_iter().map(|(_, t)| t).collect()
+}
+
 /// Blocks of a GEMV over `rows` output rows, `ksplit` warps per row.
 pub fn gemv_blocks(rows: usize, ksplit: usize) -> u32 {
     rows.div_ceil(GEMV_WARPS / ksplit) as u32
@@ -683,9 +725,8 @@ pub struct PrefillLayout {
     pub attn_bf16: usize,
     pub gate_up: usize,
     pub act_bf16: usize,
-    pub part_o: usize,
-    pub part_ml: usize,
-    pub counts: usize,
+    /// The prefill attention's tiles (first row, rows): at most one per row.
+    pub tiles: usize,
     /// As [`DecodeLayout`]'s; the gated norm's output is bf16 here (out_proj's GEMM input).
     pub zxbcdt: usize,
     pub xbc: usize,
@@ -708,9 +749,7 @@ impl PrefillLayout {
             attn_bf16: rows * cfg.q_dim(),
             gate_up: rows * 2 * cfg.intermediate_size,
             act_bf16: rows * cfg.intermediate_size,
-            part_o: rows * cfg.num_heads * cfg.head_dim,
-            part_ml: rows * cfg.num_heads * 2,
-            counts: rows * cfg.num_kv_heads,
+            tiles: 2 * rows,
         }
     }
 
@@ -718,9 +757,7 @@ impl PrefillLayout {
         4 * (self.x
             + self.qkv
             + self.gate_up
-            + self.part_o
-            + self.part_ml
-            + self.counts
+            + self.tiles
             + self.zxbcdt
             + self.xbc
             + self.ssm_y
@@ -884,6 +921,52 @@ mod tests {
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);
+    }
+
+    #[test]
+    fn prefill_attention_tiles_cover_each_segment_once_longest_context_first() {
+        let passes = prefill_passes(&[1, 64, 65, 1500, 200], PREFILL_CHUNK);
+        for pass in &passes {
+            let tiles = attention_prefill_tiles(pass);
+            let mut covered = vec![0; pass.iter().map(|s| s.len).sum()];
+            let mut last_end = usize::MAX;
+            for &[first, n] in &tiles {
+                let (first, n) = (first as usize, n as usize);
+                assert!((1..=ATT_PF_ROWS).contains(&n), "tile of {n} rows");
+                // One segment's rows, so one prompt's consecutive positions.
+                let s = pass
+                    .iter()
+                    .find(|s| (s.row..s.row + s.len).contains(&first))
+                    .unwrap();
+                assert!(
+                    first + n <= s.row + s.len,
+                    "tile at {first} leaves its segment"
+                );
+                let end = s.from + (first - s.row) + n;
+                assert!(
+                    end <= last_end,
+                    "tiles not in falling order of their last position"
+                );
+                last_end = end;
+                covered[first..first + n].iter_mut().for_each(|c| *c += 1);
+            }
+            assert!(
+                covered.iter().all(|&c| c == 1),
+                "a row not in exactly one tile"
+            );
+        }
+        // 1,500 tokens: a first pass of 1,024 rows and a second piece at positions 1,024..1,500,
+        // its tiles first there (the latest positions).
+        let second = &passes[passes.len() - 1];
+        let t = attention_prefill_tiles(second);
+        let piece = second.iter().find(|s| s.seq == 3).unwrap();
+        assert_eq!(piece.from, 1024);
+        assert_eq!(t[0], [(piece.row + 448) as i32, 28]);
+        assert_eq!(
+            attention_prefill_kernel(&llama_1b()).as_deref(),
+            Some("attention_prefill_d64")
+        );
+        assert_eq!(attention_prefill_smem_bytes(128), 4 * 64 * 136 * 2);
     }
 
     #[test]

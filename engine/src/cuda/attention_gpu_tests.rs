@@ -1,0 +1,306 @@
+//! The tensor-core prefill attention (engine/kernels/attention_prefill.cu) on a GPU: against an
+//! f64 reference and against the decode kernel it replaced in prefill (attention.cu, one row per
+//! block), over a paged cache of scattered blocks, prompts of several lengths in one pass and a
+//! prompt's second piece at later positions; and a row's bits the same whatever its pass holds
+//! and wherever its prompt was cut.
+//! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
+
+use super::device::DevBuf;
+use super::gemv_gpu_tests::{gpu, module, values};
+use super::kernels;
+use super::plan::{self, Segment};
+use crate::config::ModelConfig;
+use crate::launch;
+
+fn upload<T: Copy>(v: &[T]) -> DevBuf {
+    let b = DevBuf::zeroed(std::mem::size_of_val(v).max(4)).unwrap();
+    b.write(0, v).unwrap();
+    b
+}
+
+fn config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
+    ModelConfig::parse(
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": heads * head_dim,
+            "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-5,
+            "vocab_size": 256, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+        })
+        .to_string(),
+    )
+    .unwrap()
+}
+
+/// A paged cache of `blocks` blocks and the prompts' block tables, the blocks of each prompt
+/// scattered (every third block, from its own offset).
+struct Cache {
+    cfg: ModelConfig,
+    block_size: usize,
+    max_blocks: usize,
+    /// bf16 bits and their values, [block][kv head][block_size][head_dim].
+    k: (Vec<u16>, Vec<f32>),
+    v: (Vec<u16>, Vec<f32>),
+    tables: Vec<i32>,
+}
+
+fn bf16s(v: Vec<f32>) -> (Vec<u16>, Vec<f32>) {
+    let b: Vec<u16> = v
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect();
+    let f = b
+        .iter()
+        .map(|&x| half::bf16::from_bits(x).to_f32())
+        .collect();
+    (b, f)
+}
+
+impl Cache {
+    fn new(cfg: ModelConfig, block_size: usize, prompts: usize, max_len: usize) -> Self {
+        let max_blocks = max_len.div_ceil(block_size);
+        let blocks = 3 * prompts * max_blocks + 3;
+        let n = blocks * cfg.num_kv_heads * block_size * cfg.head_dim;
+        // Keys of a larger scale than the values, so the softmax is far from uniform.
+        let k = bf16s(values(n, 11).iter().map(|x| 2.0 * x).collect());
+        let v = bf16s(values(n, 12));
+        let tables = (0..prompts * max_blocks)
+            .map(|i| {
+                let (p, b) = (i / max_blocks, i % max_blocks);
+                (3 * (b * prompts + p) + p % 3) as i32
+            })
+            .collect();
+        Self {
+            cfg,
+            block_size,
+            max_blocks,
+            k,
+            v,
+            tables,
+        }
+    }
+
+    fn at(&self, table: usize, kvh: usize, pos: usize) -> usize {
+        let c = &self.cfg;
+        let block = self.tables[table * self.max_blocks + pos / self.block_size] as usize;
+        ((block * c.num_kv_heads + kvh) * self.block_size + pos % self.block_size) * c.head_dim
+    }
+
+    /// softmax(scale q . k) v over positions 0..=pos, in f64.
+    fn reference(&self, q: &[f32], table: usize, head: usize, pos: usize, scale: f32) -> Vec<f64> {
+        let c = &self.cfg;
+        let (d, kvh) = (c.head_dim, head / (c.num_heads / c.num_kv_heads));
+        let s: Vec<f64> = (0..=pos)
+            .map(|p| {
+                let k = &self.k.1[self.at(table, kvh, p)..][..d];
+                q.iter()
+                    .zip(k)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        let mut o = vec![0f64; d];
+        for (p, w) in e.iter().enumerate() {
+            let v = &self.v.1[self.at(table, kvh, p)..][..d];
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o += w / l * v as f64;
+            }
+        }
+        o
+    }
+}
+
+/// One pass: its segments (prompt, positions from..from + len), the rows' queries (f32, in a
+/// qkv-wide row as the backend lays them out), and the device inputs both kernels read.
+struct Pass {
+    segments: Vec<Segment>,
+    rows: usize,
+    ld: usize,
+    qkv: Vec<f32>,
+    positions: Vec<i32>,
+    row_table: Vec<i32>,
+}
+
+impl Pass {
+    /// Segments as (prompt, from, len); each row's query is a function of (prompt, position)
+    /// only, so one prompt's rows are the same in every pass that holds them.
+    fn new(cfg: &ModelConfig, pieces: &[(usize, usize, usize)]) -> Self {
+        let ld = cfg.q_dim() + 2 * cfg.kv_dim();
+        let mut segments = Vec::new();
+        let (mut qkv, mut positions, mut row_table) = (Vec::new(), Vec::new(), Vec::new());
+        let mut row = 0;
+        for &(seq, from, len) in pieces {
+            segments.push(Segment {
+                seq,
+                from,
+                len,
+                row,
+            });
+            for p in from..from + len {
+                let mut r = values(cfg.q_dim(), (1000 * seq + p) as u64 + 77);
+                r.resize(ld, 0.0);
+                qkv.extend(r);
+                positions.push(p as i32);
+                row_table.push(seq as i32);
+            }
+            row += len;
+        }
+        Self {
+            segments,
+            rows: row,
+            ld,
+            qkv,
+            positions,
+            row_table,
+        }
+    }
+}
+
+/// The prefill kernel's f32 and bf16 outputs over `pass`, and (with `decode`) the decode
+/// kernel's f32 output, one split per row, as prefill ran it before.
+fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<f32>>) {
+    let (_ctx, stream, _) = gpu().unwrap();
+    let module = module(&_ctx);
+    let cfg = &c.cfg;
+    let (kd, vd, td) = (upload(&c.k.0), upload(&c.v.0), upload(&c.tables));
+    let (qd, pd, rd) = (
+        upload(&pass.qkv),
+        upload(&pass.positions),
+        upload(&pass.row_table),
+    );
+    let tiles = plan::attention_prefill_tiles(&pass.segments);
+    let tiles_d = upload(tiles.as_flattened());
+    let n_out = pass.rows * cfg.q_dim();
+    let (of, ob) = (
+        DevBuf::zeroed(4 * n_out).unwrap(),
+        DevBuf::zeroed(2 * n_out).unwrap(),
+    );
+    let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+    let i = |v: usize| v as i32;
+    let f = kernels::function(&module, &plan::attention_prefill_kernel(cfg).unwrap()).unwrap();
+    let smem = plan::attention_prefill_smem_bytes(cfg.head_dim);
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .unwrap();
+    launch!(&f, &stream, false, (tiles.len() as u32, cfg.num_heads as u32, 1),
+        32 * plan::ATT_PF_WARPS as u32, smem;
+        qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
+        i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, of.ptr, ob.ptr)
+    .unwrap();
+    let mut got = vec![0f32; n_out];
+    of.read(&mut got, &stream).unwrap();
+    let mut got_b = vec![0u16; n_out];
+    ob.read(&mut got_b, &stream).unwrap();
+    let old = decode.then(|| {
+        let od = DevBuf::zeroed(4 * n_out).unwrap();
+        let g = kernels::function(&module, &plan::attention_kernel(cfg)).unwrap();
+        launch!(&g, &stream, false, (pass.rows as u32, cfg.num_kv_heads as u32, 1), plan::ATT_THREADS,
+            plan::attention_smem_bytes(cfg);
+            qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks),
+            i(cfg.num_heads), i(cfg.num_kv_heads), i(cfg.head_dim), i(c.block_size), scale, 0u64,
+            0u64, 0u64, od.ptr, 0u64, 0u64, 0u64, 0u64, 0f32, 0u64)
+        .unwrap();
+        let mut v = vec![0f32; n_out];
+        od.read(&mut v, &stream).unwrap();
+        v
+    });
+    (got, got_b, old)
+}
+
+/// The largest error of `got` against the f64 reference over every row and head of `pass`,
+/// relative to the largest output magnitude.
+fn worst(c: &Cache, pass: &Pass, got: &[f32]) -> f64 {
+    let cfg = &c.cfg;
+    let d = cfg.head_dim;
+    let scale = 1.0 / (d as f32).sqrt();
+    let (mut err, mut big) = (0f64, 0f64);
+    for r in 0..pass.rows {
+        for h in 0..cfg.num_heads {
+            let q = &pass.qkv[r * pass.ld + h * d..][..d];
+            let want = c.reference(
+                q,
+                pass.row_table[r] as usize,
+                h,
+                pass.positions[r] as usize,
+                scale,
+            );
+            for (k, w) in want.iter().enumerate() {
+                let g = got[(r * cfg.num_heads + h) * d + k] as f64;
+                err = err.max((g - w).abs());
+                big = big.max(w.abs());
+            }
+        }
+    }
+    err / big
+}
+
+#[test]
+fn prefill_attention_matches_the_reference_and_the_decode_kernel() {
+    if gpu().is_none() {
+        return;
+    }
+    // (heads, KV heads, head dim, block size): the 8B's and Nemotron-H's, the 1B's, Qwen2.5's
+    // seven query heads per KV head, the tiny units', and block sizes that do not divide a
+    // K/V tile (vLLM's 1,040 on Nemotron-H among them).
+    for (heads, kvh, d, bs) in [
+        (8, 2, 128, 16),
+        (8, 2, 64, 16),
+        (14, 2, 64, 7),
+        (4, 2, 32, 1040),
+        (4, 2, 16, 3),
+    ] {
+        let c = Cache::new(config(heads, kvh, d), bs, 4, 400);
+        // One row; a tile's worth and one past it; a long prompt; and prompt 3's positions
+        // 130..330, its first 130 as a first piece would have left them in the cache.
+        let pass = Pass::new(&c.cfg, &[(0, 0, 1), (1, 0, 65), (2, 0, 331), (3, 130, 200)]);
+        let (got, got_b, old) = run(&c, &pass, true);
+        let old = old.unwrap();
+        let e = worst(&c, &pass, &got);
+        let e_old = worst(&c, &pass, &old);
+        assert!(
+            e < 1e-4,
+            "({heads}, {kvh}, {d}, {bs}): prefill attention off the f64 reference by {e:.2e} of its scale (decode kernel: {e_old:.2e})"
+        );
+        assert!(e_old < 2e-5, "decode kernel off by {e_old:.2e}");
+        // Its bf16 output is its f32 output rounded.
+        for (k, (&b, &f)) in got_b.iter().zip(&got).enumerate() {
+            assert_eq!(
+                b,
+                half::bf16::from_f32(f).to_bits(),
+                "bf16 output {k} is not the f32 one rounded"
+            );
+        }
+        eprintln!("({heads}, {kvh}, {d}, {bs}): error {e:.2e}, decode kernel's {e_old:.2e}");
+    }
+}
+
+#[test]
+fn a_prefill_rows_bits_depend_on_its_own_prompt_and_position_only() {
+    if gpu().is_none() {
+        return;
+    }
+    let c = Cache::new(config(8, 2, 128), 16, 3, 400);
+    // Prompt 2's positions 0..300 alone, then cut at 100 and packed behind two other prompts
+    // (other tile boundaries, other neighbours, another order of blocks).
+    let alone = Pass::new(&c.cfg, &[(2, 0, 300)]);
+    let (a, _, _) = run(&c, &alone, false);
+    let first = Pass::new(&c.cfg, &[(0, 0, 37), (2, 0, 100)]);
+    let second = Pass::new(&c.cfg, &[(1, 0, 5), (0, 37, 50), (2, 100, 200)]);
+    let (b1, _, _) = run(&c, &first, false);
+    let (b2, _, _) = run(&c, &second, false);
+    let w = c.cfg.q_dim();
+    let alone_rows = |r: std::ops::Range<usize>| &a[r.start * w..r.end * w];
+    assert!(
+        alone_rows(0..100) == &b1[37 * w..137 * w],
+        "prompt 2's first 100 rows differ when packed behind another prompt"
+    );
+    assert!(
+        alone_rows(100..300) == &b2[55 * w..255 * w],
+        "prompt 2's rows 100..300 differ when prefilled as a second piece"
+    );
+}
