@@ -6,17 +6,11 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{gpu, module, values};
+use super::gemv_gpu_tests::{bf16s, gpu, module, upload, values};
 use super::kernels;
 use super::plan::{self, Segment};
 use crate::config::ModelConfig;
 use crate::launch;
-
-fn upload<T: Copy>(v: &[T]) -> DevBuf {
-    let b = DevBuf::zeroed(std::mem::size_of_val(v).max(4)).unwrap();
-    b.write(0, v).unwrap();
-    b
-}
 
 fn config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
     ModelConfig::parse(
@@ -43,26 +37,14 @@ struct Cache {
     tables: Vec<i32>,
 }
 
-fn bf16s(v: Vec<f32>) -> (Vec<u16>, Vec<f32>) {
-    let b: Vec<u16> = v
-        .iter()
-        .map(|&x| half::bf16::from_f32(x).to_bits())
-        .collect();
-    let f = b
-        .iter()
-        .map(|&x| half::bf16::from_bits(x).to_f32())
-        .collect();
-    (b, f)
-}
-
 impl Cache {
     fn new(cfg: ModelConfig, block_size: usize, prompts: usize, max_len: usize) -> Self {
         let max_blocks = max_len.div_ceil(block_size);
         let blocks = 3 * prompts * max_blocks + 3;
         let n = blocks * cfg.num_kv_heads * block_size * cfg.head_dim;
         // Keys of a larger scale than the values, so the softmax is far from uniform.
-        let k = bf16s(values(n, 11).iter().map(|x| 2.0 * x).collect());
-        let v = bf16s(values(n, 12));
+        let k = bf16s(&values(n, 11).iter().map(|x| 2.0 * x).collect::<Vec<_>>());
+        let v = bf16s(&values(n, 12));
         let tables = (0..prompts * max_blocks)
             .map(|i| {
                 let (p, b) = (i / max_blocks, i % max_blocks);
@@ -180,15 +162,11 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
     );
     let scale = 1.0 / (cfg.head_dim as f32).sqrt();
     let i = |v: usize| v as i32;
-    let f = kernels::function(&module, &plan::attention_prefill_kernel(cfg).unwrap()).unwrap();
-    let smem = plan::attention_prefill_smem_bytes(cfg.head_dim);
-    f.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .unwrap();
+    let f = super::load::attention_prefill_function(&module, cfg)
+        .unwrap()
+        .unwrap();
     launch!(&f, &stream, false, (tiles.len() as u32, cfg.num_heads as u32, 1),
-        32 * plan::ATT_PF_WARPS as u32, smem;
+        32 * plan::ATT_PF_WARPS as u32, plan::attention_prefill_smem_bytes(cfg.head_dim);
         qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
         i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, of.ptr, ob.ptr)
     .unwrap();

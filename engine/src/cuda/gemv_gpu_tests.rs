@@ -43,6 +43,26 @@ pub(super) fn module(
         .0
 }
 
+/// A device copy of `v`.
+pub(super) fn upload<T: Copy>(v: &[T]) -> DevBuf {
+    let b = DevBuf::zeroed(std::mem::size_of_val(v).max(4)).unwrap();
+    b.write(0, v).unwrap();
+    b
+}
+
+/// `v` rounded to bf16: the bits and their values.
+pub(super) fn bf16s(v: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let b: Vec<u16> = v
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect();
+    let f = b
+        .iter()
+        .map(|&x| half::bf16::from_bits(x).to_f32())
+        .collect();
+    (b, f)
+}
+
 /// Seeded values in [-1, 1): the same on every run.
 pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

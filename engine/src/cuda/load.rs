@@ -485,6 +485,25 @@ impl CudaBackend {
     }
 }
 
+/// The tensor-core prefill attention for the model's head dimension, if it has one, allowed the
+/// shared memory it stages K/V in: more than the 48 KiB a block gets without asking (Hopper has
+/// 227 KiB).
+pub(super) fn attention_prefill_function(
+    module: &Arc<CudaModule>,
+    cfg: &ModelConfig,
+) -> Result<Option<CudaFunction>> {
+    let Some(name) = plan::attention_prefill_kernel(cfg) else {
+        return Ok(None);
+    };
+    let f = kernels::function(module, &name)?;
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        plan::attention_prefill_smem_bytes(cfg.head_dim) as i32,
+    )
+    .map_err(driver_err("prefill attention's shared memory"))?;
+    Ok(Some(f))
+}
+
 impl Funcs {
     fn load(module: &Arc<CudaModule>, cfg: &ModelConfig, sms: usize) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
@@ -515,18 +534,7 @@ impl Funcs {
             rmsnorm: k("rmsnorm")?,
             rope_kv: k("rope_kv")?,
             attention: k(&plan::attention_kernel(cfg))?,
-            attention_prefill: plan::attention_prefill_kernel(cfg)
-                .map(|name| {
-                    let f = k(&name)?;
-                    // More than the 48 KiB a block gets without asking (Hopper has 227 KiB).
-                    f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        plan::attention_prefill_smem_bytes(cfg.head_dim) as i32,
-                    )
-                    .map_err(driver_err("prefill attention's shared memory"))?;
-                    Ok::<_, Error>(f)
-                })
-                .transpose()?,
+            attention_prefill: attention_prefill_function(module, cfg)?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
             argmax_rows: k("argmax_rows")?,

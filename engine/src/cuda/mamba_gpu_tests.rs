@@ -4,30 +4,12 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{gpu, module, values};
+use super::gemv_gpu_tests::{bf16s, gpu, module, upload, values};
 use super::kernels;
 use super::plan;
 use crate::hybrid::mamba::{step, Params, State};
 use crate::hybrid::Mamba;
 use crate::launch;
-
-fn bf16s(v: &[f32]) -> (Vec<u16>, Vec<f32>) {
-    let b: Vec<u16> = v
-        .iter()
-        .map(|&x| half::bf16::from_f32(x).to_bits())
-        .collect();
-    let f = b
-        .iter()
-        .map(|&x| half::bf16::from_bits(x).to_f32())
-        .collect();
-    (b, f)
-}
-
-fn upload<T: Copy>(v: &[T]) -> DevBuf {
-    let b = DevBuf::zeroed(std::mem::size_of_val(v).max(4)).unwrap();
-    b.write(0, v).unwrap();
-    b
-}
 
 /// The mixer's constants on the host (bf16-rounded where the device keeps bf16) and the device.
 struct Mixer {

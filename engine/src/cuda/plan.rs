@@ -563,11 +563,14 @@ pub fn attention_kernel(cfg: &ModelConfig) -> String {
     format!("attention_g{}", g.next_power_of_two())
 }
 
+/// The head dimensions attention_prefill.cu instantiates its kernel for.
+pub const ATT_PF_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
 /// The tensor-core prefill attention for the model's head dimension (`attention_prefill_d{D}`,
-/// attention_prefill.cu instantiates 16, 32, 64 and 128), or none: other head dimensions
-/// prefill through the decode kernel, one row per block.
+/// D one of [`ATT_PF_HEAD_DIMS`]), or none: other head dimensions prefill through the decode
+/// kernel, one row per block.
 pub fn attention_prefill_kernel(cfg: &ModelConfig) -> Option<String> {
-    [16, 32, 64, 128]
+    ATT_PF_HEAD_DIMS
         .contains(&cfg.head_dim)
         .then(|| format!("attention_prefill_d{}", cfg.head_dim))
 }
