@@ -58,7 +58,7 @@ extern "C" __global__ void fill_f32(float* p, size_t n, unsigned seed) {
         const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,     \
         int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,            \
         float2* __restrict__ parts) {                                                                 \
-        gemv_mma<B, MODE, U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps);                      \
+        gemv_mma<B, MODE, U>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps, parts);               \
     }
 // Gate/up stops at U 2: two weight rows per output at U 4 would hold 128 registers of loads.
 #define MMAS_B(B) MMAS(B, 1, 1) MMAS(B, 1, 2) MMAS(B, 1, 4) MMAS(B, 1, 8) MMAS(B, 3, 1) MMAS(B, 3, 2) \
