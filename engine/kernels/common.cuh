@@ -5,8 +5,7 @@
 // once, in engine/src/cuda/plan.rs (KERNEL_DEFINES), and handed to NVRTC as -D options.
 #if !defined(GEMV_WARPS) || !defined(GEMV_MMA_U) || !defined(ATT_WARPS) || !defined(ATT_MAXG) || \
     !defined(ATT_SPLIT_MIN) || !defined(ATT_MAX_SPLITS) || !defined(MAX_HEAD_DIM) ||                 \
-    !defined(MAMBA_MAX_WINDOW) || !defined(MAMBA_SSM_PER) || !defined(ATT_PF_WARPS) || !defined(ATT_PF_POS) || \
-    !defined(GEMV_RING)
+    !defined(MAMBA_MAX_WINDOW) || !defined(MAMBA_SSM_PER) || !defined(ATT_PF_WARPS) || !defined(ATT_PF_POS)
 #error "compile with the engine's -D options (plan.rs KERNEL_DEFINES; kernels.rs options)"
 #endif
 static_assert(MAX_HEAD_DIM <= 128, "a lane holds two rotary frequencies (rope_kv.cu rope_freqs)");
@@ -67,20 +66,4 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-// 16 bytes from global into shared memory, bypassing L1 (sm_80 and later); fill false zeroes
-// the 16 bytes and reads nothing. A thread's copies complete in the groups it commits, and
-// cp_async_wait<N> waits until at most its N latest groups are still in flight.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = fill ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }

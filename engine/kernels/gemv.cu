@@ -439,19 +439,7 @@ __device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsig
 // lm_head, which keeps for each b the largest bf16-rounded logit of the block's tiles and its row
 // (lowest row on ties) and leaves it in `parts` [B][gridDim.x] for argmax_final; with LOGITS
 // also every logit into y [B][ldy] (the verify request's scoring).
-//
-// RING > 0 (gemv_ring: engine modes 13-16, the residual, norm, gate/up and relu2 modes): the same
-// sums in the same order, so the same bits at the same ksplit, but each warp's weights come
-// through a ring of RING steps of its own in shared memory, filled by cp.async, each lane
-// copying and later reading only its own 16-byte fragments (so no barrier: a lane's wait is for
-// its own copies), and the first RING steps are issued before the kernel waits for the one
-// before it. A step is U / NW chunks of 32 k, 4 KB of a warp's weights whatever NW. The ring
-// holds the weights in flight where the register form holds one step in registers, so the kernel
-// runs one block per multiprocessor (GEMV_WARPS warps and plan.rs gemv_ring_smem_bytes of
-// dynamic shared memory, less than half of the multiprocessor's): the next kernel's blocks fit
-// beside it and, launched early by PDL, fetch their first steps while this one computes, and a
-// small matrix is mostly or wholly in shared memory by the time its input is ready.
-template <int B, int MODE, int U, bool LOGITS = false, int RING = 0>
+template <int B, int MODE, int U, bool LOGITS = false>
 __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float* __restrict__ x,
                                          float* __restrict__ y, int rows, int cols, int ldx, int ldy,
                                          int ksplit, const bf16* __restrict__ gamma, float eps,
@@ -459,9 +447,6 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
     constexpr int WARPS = GEMV_WARPS;
     constexpr bool NORM = MODE == 3 || MODE == 4 || MODE == 10;
     constexpr int NW = MODE == 4 ? 2 : 1;
-    static_assert(RING == 0 || U % NW == 0, "a ring step is U / NW chunks");
-    constexpr int UC = RING > 0 ? U / NW : U;  // chunks of 32 k per step
-    constexpr int RD = RING > 0 ? RING : 1;     // ring slots (none used without a ring)
     __shared__ float red[2][WARPS][NW][4][32];
     __shared__ float ssr[WARPS][B];
     __shared__ float inv_s[B];
@@ -472,55 +457,29 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int tpb = WARPS / ksplit, kpart = warp % ksplit;
     const int per = cols / ksplit, k0 = kpart * per;
-    const int nsteps = per / (32 * UC);
+    const int nsteps = per / (32 * U);
     const int ntiles = rows >> 4, ngroups = (ntiles + tpb - 1) / tpb;
     const int stride = gridDim.x;
     const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
     const int T = my_groups * nsteps;
 
-    uint4 cur[NW][UC][2], nxt[NW][UC][2];
-    // Step t: row group t / nsteps of this block, slice step t % nsteps; (r, u, h) its rows
-    // g + 8h (of the gate half r) at k chunk u.
-    auto at = [&](int t, int r, int u, int h) -> const uint4* {
-        const bf16* base =
-            W + (size_t)(((blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit) * 16 + g + 8 * h + r * rows) *
-                    cols +
-            k0 + (t % nsteps) * 32 * UC + 8 * tq + 32 * u;
-        return reinterpret_cast<const uint4*>(base);
-    };
-    auto live_tile = [&](int t) { return ((blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit) < ntiles; };
-    auto issue = [&](int t, uint4 (&buf)[NW][UC][2]) {
-        if (!live_tile(t)) return;
+    uint4 cur[NW][U][2], nxt[NW][U][2];
+    // Step t: row group t / nsteps of this block, slice step t % nsteps.
+    auto issue = [&](int t, uint4 (&buf)[NW][U][2]) {
+        const int tile = (blockIdx.x + (t / nsteps) * stride) * tpb + warp / ksplit;
+        if (tile >= ntiles) return;
 #pragma unroll
-        for (int r = 0; r < NW; r++)
+        for (int r = 0; r < NW; r++) {
+            const bf16* base =
+                W + (size_t)(tile * 16 + g + r * rows) * cols + k0 + (t % nsteps) * 32 * U + 8 * tq;
 #pragma unroll
-            for (int u = 0; u < UC; u++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) buf[r][u][h] = load_stream(at(t, r, u, h));
-    };
-    // The ring: this warp's RING slots of [NW][UC][2][32 lanes] fragments.
-    extern __shared__ uint4 gemv_ring[];
-    uint4* const ring = gemv_ring + (size_t)warp * RD * NW * UC * 2 * 32 + lane;
-    auto slot = [&](int t, int r, int u, int h) { return ring + ((((t % RD) * NW + r) * UC + u) * 2 + h) * 32; };
-    // One commit group per step, empty past the end, so that step t is complete once at most
-    // RING - 1 groups are in flight.
-    auto fetch = [&](int t) {
-        if (t < T && live_tile(t)) {
-#pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int u = 0; u < UC; u++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) cp_async16(slot(t, r, u, h), at(t, r, u, h), true);
+            for (int u = 0; u < U; u++) {
+                buf[r][u][0] = load_stream(reinterpret_cast<const uint4*>(base + 32 * u));
+                buf[r][u][1] = load_stream(reinterpret_cast<const uint4*>(base + (size_t)8 * cols + 32 * u));
+            }
         }
-        cp_async_commit();
     };
-    if (RING > 0) {
-#pragma unroll
-        for (int t = 0; t < RD; t++) fetch(t);
-    } else if (T > 0) {
-        issue(0, cur);
-    }
+    if (T > 0) issue(0, cur);
     pdl_launch_dependents();
     pdl_wait();
 
@@ -535,26 +494,16 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
 #pragma unroll
         for (int i = 0; i < 4; i++) d[r][i] = 0.0f;
     for (int t = 0; t < T; t++) {
-        if (RING > 0) {
-            cp_async_wait<RD - 1>();
-#pragma unroll
-            for (int r = 0; r < NW; r++)
-#pragma unroll
-                for (int u = 0; u < UC; u++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) cur[r][u][h] = *slot(t, r, u, h);
-        } else if (t + 1 < T) {
-            issue(t + 1, nxt);
-        }
+        if (t + 1 < T) issue(t + 1, nxt);
         const int gi = t / nsteps, s = t % nsteps;
         const int tile = (blockIdx.x + gi * stride) * tpb + warp / ksplit;
         if (tile < ntiles) {
-            const int kb = k0 + s * 32 * UC + 8 * tq;
-            float4 xv[UC][2];
+            const int kb = k0 + s * 32 * U + 8 * tq;
+            float4 xv[U][2];
 #pragma unroll
-            for (int u = 0; u < UC; u++) x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
+            for (int u = 0; u < U; u++) x_chunk<NORM>(xg, gamma, (kb + 32 * u) >> 3, xv[u][0], xv[u][1]);
 #pragma unroll
-            for (int u = 0; u < UC; u++) {
+            for (int u = 0; u < U; u++) {
                 unsigned hi[4], lo[4];
                 const float4 xa = xv[u][0], xb = xv[u][1];
                 // __fmul_rn: the product is never fused into the split's subtraction.
@@ -572,18 +521,13 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
                 }
             }
         }
-        if (RING > 0) {
-            // Into the slot just read: its fragments are in registers, used by the mma above.
-            fetch(t + RD);
-        } else {
 #pragma unroll
-            for (int r = 0; r < NW; r++)
+        for (int r = 0; r < NW; r++)
 #pragma unroll
-                for (int u = 0; u < UC; u++) {
-                    cur[r][u][0] = nxt[r][u][0];
-                    cur[r][u][1] = nxt[r][u][1];
-                }
-        }
+            for (int u = 0; u < U; u++) {
+                cur[r][u][0] = nxt[r][u][0];
+                cur[r][u][1] = nxt[r][u][1];
+            }
         if (s == nsteps - 1) {
             // d[r]: 0, 1 = (row g, batch 2t, 2t + 1); 2, 3 = (row g + 8, batch 2t, 2t + 1).
             if (ksplit > 1) {
@@ -688,21 +632,9 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
         gemv_mma<B, MODE, GEMV_MMA_U, LOGITS>(W, x, y, rows, cols, ldx, ldy, ksplit, gamma, eps,   \
                                               parts);                                              \
     }
-// gemv_m{13,14,15,16}_b{B}: the ring form (RING = GEMV_RING) of modes 7, 8, 9 and 11, one block
-// per multiprocessor.
-#define RING_GEMV_KERNEL_AS(B, NAME, MODE)                                                         \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 1) gemv_m##NAME##_b##B(          \
-        const bf16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows,  \
-        int cols, int ldx, int ldy, int ksplit, const bf16* __restrict__ gamma, float eps,         \
-        float2* __restrict__ parts) {                                                              \
-        gemv_mma<B, MODE, GEMV_MMA_U, false, GEMV_RING>(W, x, y, rows, cols, ldx, ldy, ksplit,    \
-                                                        gamma, eps, parts);                        \
-    }
 #define GEMV_MMA_KERNELS(B) GEMV_MMA_KERNEL_AS(B, 7, 1, false) GEMV_MMA_KERNEL_AS(B, 8, 3, false) \
     GEMV_MMA_KERNEL_AS(B, 9, 4, false) GEMV_MMA_KERNEL_AS(B, 11, 10, false)                         \
-    GEMV_MMA_KERNEL_AS(B, 12, 5, false) GEMV_MMA_KERNEL_AS(B, 12_logits, 5, true)                   \
-    RING_GEMV_KERNEL_AS(B, 13, 1) RING_GEMV_KERNEL_AS(B, 14, 3) RING_GEMV_KERNEL_AS(B, 15, 4)       \
-    RING_GEMV_KERNEL_AS(B, 16, 10)
+    GEMV_MMA_KERNEL_AS(B, 12, 5, false) GEMV_MMA_KERNEL_AS(B, 12_logits, 5, true)
 GEMV_MMA_KERNELS(1)
 GEMV_MMA_KERNELS(2)
 GEMV_MMA_KERNELS(3)

@@ -16,7 +16,7 @@ prog = ctypes.c_void_p()
 assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_bench.cu", 0, None, None) == 0
 # The constants the kernels share with the engine's plan.rs (KERNEL_DEFINES), as the engine passes
 # them; engine/src/cuda/kernels.rs's tests check that this list matches.
-defines = ["-DGEMV_WARPS=8", "-DGEMV_MMA_U=4", "-DGEMV_RING=3", "-DATT_WARPS=4", "-DATT_MAXG=8", "-DATT_SPLIT_MIN=16",
+defines = ["-DGEMV_WARPS=8", "-DGEMV_MMA_U=4", "-DATT_WARPS=4", "-DATT_MAXG=8", "-DATT_SPLIT_MIN=16",
            "-DATT_MAX_SPLITS=32", "-DATT_PF_WARPS=4", "-DATT_PF_POS=64",
            "-DMAX_HEAD_DIM=128", "-DMAMBA_MAX_WINDOW=7", "-DMAMBA_SSM_PER=32"]
 opts = [f"--gpu-architecture={arch}", "--std=c++17", "--prec-div=true", "--prec-sqrt=true",

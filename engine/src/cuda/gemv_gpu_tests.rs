@@ -1,9 +1,7 @@
 //! The residual decode GEMV on a GPU, on the CUDA cores (mode 1) and on the tensor cores
 //! (mode 7), and the lm_head's GEMV and argmax on both (modes 5 and 12): each against an f64
-//! reference, and batch row b at batch 8 the same bits as that row alone at batch 1; the ring
-//! forms (modes 13-16) the same bits as the tensor cores' register form in every mode. Skips
-//! without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the GPU box
-//! (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
+//! reference, and batch row b at batch 8 the same bits as that row alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the
+//! GPU box (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 
@@ -105,35 +103,6 @@ fn resident(f: &CudaFunction, sms: usize) -> usize {
         * sms
 }
 
-/// The kernel of `l` at `batch` and its grid, as the engine launches it (load.rs `Funcs`): a ring
-/// form allowed its shared memory and one block per multiprocessor.
-fn gemv_kernel(
-    module: &std::sync::Arc<cudarc::driver::CudaModule>,
-    l: plan::GemvLaunch,
-    batch: usize,
-    sms: usize,
-) -> (CudaFunction, u32) {
-    let f = kernels::function(module, &l.mode.kernel(batch)).unwrap();
-    if !l.mode.is_ring() {
-        let grid = l.grid(resident(&f, sms));
-        return (f, grid);
-    }
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        l.smem_bytes() as i32,
-    )
-    .unwrap();
-    let fits = f
-        .occupancy_max_active_blocks_per_multiprocessor(
-            plan::GEMV_THREADS,
-            l.smem_bytes() as usize,
-            None,
-        )
-        .unwrap();
-    assert!(fits >= 1, "a ring block does not fit a multiprocessor");
-    (f, l.grid(sms))
-}
-
 struct Gemv<'a> {
     stream: &'a CudaStream,
     sms: usize,
@@ -145,20 +114,14 @@ struct Gemv<'a> {
 }
 
 impl Gemv<'_> {
-    /// y = W x over `batch` rows of x starting at row `x_row`, by `launch` as the engine launches
-    /// it (persistent grid over the resident blocks); returns y's `batch` x `rows`.
-    fn run(
-        &self,
-        module: &std::sync::Arc<cudarc::driver::CudaModule>,
-        l: plan::GemvLaunch,
-        batch: usize,
-        x_row: usize,
-    ) -> Vec<f32> {
+    /// y = W x over `batch` rows of x starting at row `x_row`, by `f` as the engine launches
+    /// `launch` (persistent grid over the resident blocks); returns y's `batch` x `rows`.
+    fn run(&self, f: &CudaFunction, l: plan::GemvLaunch, batch: usize, x_row: usize) -> Vec<f32> {
         let n = batch * self.rows;
         self.y.write(0, &vec![0f32; n]).unwrap();
-        let (f, grid) = gemv_kernel(module, l, batch, self.sms);
+        let grid = l.grid(resident(f, self.sms));
         let (rows, cols) = (self.rows as i32, self.cols as i32);
-        launch!(&f, self.stream, false, (grid, 1, 1), plan::GEMV_THREADS, l.smem_bytes();
+        launch!(f, self.stream, false, (grid, 1, 1), plan::GEMV_THREADS, 0;
             self.w.ptr, self.x.at(x_row * self.cols, 4), self.y.ptr, rows, cols, cols, rows,
             l.ksplit as i32, 0u64, 0f32, 0u64)
         .unwrap();
@@ -208,12 +171,14 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
             units: rows,
         };
         // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
-        let mma = plan::mma_ksplits(cols).into_iter().flat_map(|k| {
-            [plan::GemvKernel::TensorCores(k), plan::GemvKernel::Ring(k)]
-                .map(|kernel| plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1, kernel))
-        });
+        let mma = plan::mma_ksplits(cols)
+            .into_iter()
+            .map(|k| plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1, Some(k)));
         for l in std::iter::once(stream_launch).chain(mma) {
-            let got = g.run(&module, l, B, 0);
+            let name = |b: usize| l.mode.kernel(b);
+            let f8 = kernels::function(&module, &name(B)).unwrap();
+            let f1 = kernels::function(&module, &name(1)).unwrap();
+            let got = g.run(&f8, l, B, 0);
             // Activations as two bf16 terms keep about 16 bits (at most 2^-18 of each product
             // lost; the tensor cores' f32 sums add ~1e-5 of the norm in gemv-bench): an order
             // below what bf16 activations alone give (2^-9 of each product, ~1e-3 of the norm).
@@ -229,7 +194,7 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                 l.mode
             );
             for b in 0..B {
-                let alone = g.run(&module, l, 1, b);
+                let alone = g.run(&f1, l, 1, b);
                 let at8 = &got[b * rows..(b + 1) * rows];
                 let same = alone
                     .iter()
@@ -278,16 +243,11 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
         let partsd =
             dev(B * 2 * plan::gemv_blocks(rows, plan::lm_head_ksplit(rows, cols)) as usize * 4);
         // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
-        let splits = plan::mma_ksplits(cols)
-            .into_iter()
-            .map(plan::GemvKernel::TensorCores);
-        for tc in std::iter::once(plan::GemvKernel::CudaCores).chain(splits) {
+        let splits = plan::mma_ksplits(cols).into_iter().map(Some);
+        for tc in std::iter::once(None).chain(splits) {
             let l = plan::gemv_launch(rows, cols, plan::GemvMode::LmHead, 1, tc);
             assert!(l.mode.is_lm_head());
-            assert_eq!(
-                l.mode == plan::GemvMode::LmHeadMma,
-                tc != plan::GemvKernel::CudaCores
-            );
+            assert_eq!(l.mode == plan::GemvMode::LmHeadMma, tc.is_some());
             // (logits [batch][rows], the argmax from the candidates, per b)
             let run = |batch: usize, x_row: usize| -> (Vec<f32>, Vec<usize>) {
                 let f = kernels::function(&module, &l.mode.logits_kernel(batch)).unwrap();
@@ -356,70 +316,4 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
             );
         }
     }
-}
-
-/// The ring forms (modes 13-16) against the register form on the tensor cores (modes 7, 8, 9,
-/// 11) at the same split of K: the same bits in every mode, at batch 1, 3 and 8, on shapes of one
-/// round of tiles and several (a block's ring running on from one group of tiles into the next),
-/// one warp per tile (K = 896) to eight, the norm's gain and epsilon applied, every output written
-/// (they start as NaN) and the residual added to what y held.
-#[test]
-fn ring_gemv_gives_the_register_forms_bits_in_every_mode_split_and_batch() {
-    let Some((ctx, stream, sms)) = gpu() else {
-        return;
-    };
-    let module = module(&ctx);
-    use plan::GemvMode::*;
-    let mut checked = 0;
-    // The 8B's down, the 1B's q/k/v (192 tiles on one block per multiprocessor: two rounds on
-    // some), Qwen2.5-0.5B's q/k/v and Qwen3-4B's o.
-    for (rows, cols) in [(4096, 14336), (3072, 2048), (1152, 896), (2560, 4096)] {
-        for mode in [Residual, Norm, NormSwiglu, NormRelu2] {
-            let wrows = rows * mode.weight_rows();
-            let w = bf16_weights(wrows * cols, (rows * cols) as u64 ^ mode.number() as u64);
-            const B: usize = plan::MAX_GEMV_BATCH;
-            let x = values(B * cols, 3 + mode.number() as u64);
-            let gamma: Vec<u16> = values(cols, 9)
-                .iter()
-                .map(|v| half::bf16::from_f32(1.0 + v / 2.0).to_bits())
-                .collect();
-            let y0: Vec<f32> = if mode == Residual {
-                values(B * rows, 5)
-            } else {
-                vec![f32::NAN; B * rows]
-            };
-            let (wd, xd, gd, yd) = (upload(&w), upload(&x), upload(&gamma), upload(&y0));
-            let run = |l: plan::GemvLaunch, batch: usize| -> Vec<u32> {
-                yd.write(0, &y0).unwrap();
-                let (f, grid) = gemv_kernel(&module, l, batch, sms);
-                let (r, c) = (rows as i32, cols as i32);
-                launch!(&f, &stream, false, (grid, 1, 1), plan::GEMV_THREADS, l.smem_bytes();
-                    wd.ptr, xd.ptr, yd.ptr, r, c, c, r, l.ksplit as i32, gd.ptr, 1e-5f32, 0u64)
-                .unwrap();
-                let mut y = vec![0f32; batch * rows];
-                yd.read(&mut y, &stream).unwrap();
-                y.iter().map(|v| v.to_bits()).collect()
-            };
-            for k in plan::mma_ksplits(cols) {
-                let mma = plan::gemv_launch(rows, cols, mode, 1, plan::GemvKernel::TensorCores(k));
-                let ring = plan::gemv_launch(rows, cols, mode, 1, plan::GemvKernel::Ring(k));
-                assert!(ring.mode.is_ring() && !mma.mode.is_ring());
-                for batch in [1, 3, B] {
-                    let (want, got) = (run(mma, batch), run(ring, batch));
-                    assert!(
-                        want.iter().all(|&v| !f32::from_bits(v).is_nan()),
-                        "{mode:?} {rows}x{cols} ksplit {k}: the register form left an output unwritten"
-                    );
-                    let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
-                    assert_eq!(
-                        differ, 0,
-                        "{mode:?} {rows}x{cols} ksplit {k} batch {batch}: {differ} of {} outputs of the ring differ",
-                        want.len()
-                    );
-                    checked += 1;
-                }
-            }
-        }
-    }
-    eprintln!("ring: {checked} (mode, shape, split, batch) cases the same bits as the registers");
 }

@@ -124,11 +124,8 @@ pub(super) struct Funcs {
     /// gemv[mode.index()][batch - 1] for every [`GemvMode`].
     pub gemv: Vec<Vec<CudaFunction>>,
     /// Blocks of each GEMV resident on the whole GPU at once, the streaming modes' persistent
-    /// grid: resident[mode.index()][batch - 1]; one per multiprocessor for the ring modes.
+    /// grid: resident[mode.index()][batch - 1].
     pub resident: Vec<Vec<usize>>,
-    /// Whether the ring GEMVs fit this device (a block with their shared memory): the tuning
-    /// offers them only then.
-    pub ring: bool,
 }
 
 pub(super) struct DecodeBufs {
@@ -517,46 +514,19 @@ impl Funcs {
         };
         let mut gemv = Vec::new();
         let mut resident = Vec::new();
-        let mut ring = true;
         for mode in GemvMode::ALL {
             let fs = (1..=plan::MAX_GEMV_BATCH)
                 .map(|b| k(&mode.kernel(b)))
                 .collect::<Result<Vec<_>>>()?;
-            let smem = if mode.is_ring() {
-                plan::gemv_ring_smem_bytes()
-            } else {
-                0
-            };
-            let mut blocks = Vec::new();
-            for f in &fs {
-                // A device with less shared memory per block than the ring asks for (one before
-                // Ampere's) refuses the attribute: the ring is then never offered.
-                if smem > 0
-                    && f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                    .is_err()
-                {
-                    ring = false;
-                }
-                let n = f
-                    .occupancy_max_active_blocks_per_multiprocessor(
-                        GEMV_THREADS,
-                        smem as usize,
-                        None,
-                    )
-                    .map_err(driver_err("occupancy query"))? as usize;
-                // The ring runs one block per multiprocessor by design: the rest of its shared
-                // memory is for the next kernel's blocks.
-                if mode.is_ring() {
-                    ring &= n >= 1;
-                    blocks.push(sms);
-                } else {
-                    blocks.push(n * sms);
-                }
-            }
-            resident.push(blocks);
+            resident.push(
+                fs.iter()
+                    .map(|f| {
+                        f.occupancy_max_active_blocks_per_multiprocessor(GEMV_THREADS, 0, None)
+                            .map(|n| n as usize * sms)
+                            .map_err(driver_err("occupancy query"))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            );
             gemv.push(fs);
         }
         Ok(Self {
@@ -576,7 +546,6 @@ impl Funcs {
             relu2: k("relu2")?,
             gemv,
             resident,
-            ring,
         })
     }
 }

@@ -6,7 +6,7 @@ use super::backend::{CudaBackend, BF16};
 use super::device::{ptr_or_null, DevBuf};
 use super::gemm::Rows;
 use super::load::{AttentionWeights, MambaWeights, Matrix, MlpWeights};
-use super::plan::{self, GemvKernel, GemvMode, ATT_THREADS, GEMV_THREADS};
+use super::plan::{self, GemvMode, ATT_THREADS, GEMV_THREADS};
 use crate::backend::Scored;
 use crate::error::Result;
 use crate::launch;
@@ -139,22 +139,23 @@ impl CudaBackend {
             g,
             batch,
             parts,
-            self.tuning.kernel(g.mode, rows, cols, batch),
+            self.tuning.tensor_cores(g.mode, rows, cols, batch),
         )?;
         self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
         Ok(grid)
     }
 
-    /// `g` by `kernel`, without the profiler's mark (the tuning times it).
+    /// `g` on the tensor cores (Some(warps per tile)) or the CUDA cores, without the profiler's
+    /// mark (the tuning times it).
     pub(super) fn gemv_on(
         &self,
         g: &Gemv,
         batch: usize,
         parts: u64,
-        kernel: GemvKernel,
+        tensor_cores: Option<usize>,
     ) -> Result<u32> {
         let (rows, cols) = g.shape();
-        let l = plan::gemv_launch(rows, cols, g.mode, batch, kernel);
+        let l = plan::gemv_launch(rows, cols, g.mode, batch, tensor_cores);
         let grid = l.grid(self.f.resident[l.mode.index()][batch - 1]);
         // The logits variant runs after a graph launch, outside the step: no PDL.
         let (f, pdl) = if g.logits {
@@ -163,7 +164,7 @@ impl CudaBackend {
         } else {
             (&self.f.gemv[l.mode.index()][batch - 1], self.pdl)
         };
-        launch!(f, &self.stream, pdl, (grid, 1, 1), GEMV_THREADS, l.smem_bytes();
+        launch!(f, &self.stream, pdl, (grid, 1, 1), GEMV_THREADS, 0;
             g.w.buf.ptr, g.x, g.y, rows as i32, cols as i32, cols as i32, rows as i32,
             l.ksplit as i32, g.gamma, self.cfg.rms_norm_eps, parts)?;
         Ok(grid)

@@ -38,14 +38,11 @@ pub const ATT_SPLIT_MIN: usize = 16;
 pub const MAX_SPLITS: usize = 32;
 /// 16-byte loads per lane per weight row per step of the tensor-core GEMV (`GEMV_MMA_U`).
 pub const MMA_U: usize = 4;
-/// Steps of 4 KB each warp of the ring GEMV keeps in flight in shared memory (`GEMV_RING`).
-pub const GEMV_RING: usize = 3;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 12] = [
+pub const KERNEL_DEFINES: [(&str, usize); 11] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
-    ("GEMV_RING", GEMV_RING),
     ("ATT_WARPS", ATT_WARPS),
     ("ATT_MAXG", ATT_MAXG),
     ("ATT_SPLIT_MIN", ATT_SPLIT_MIN),
@@ -122,20 +119,11 @@ pub enum GemvMode {
     NormRelu2Mma,
     /// [`GemvMode::LmHead`] on the tensor cores (12).
     LmHeadMma,
-    /// [`GemvMode::ResidualMma`]'s ring form: the same sums, the weights staged through shared
-    /// memory ([`GemvKernel::Ring`]) (13).
-    ResidualRing,
-    /// [`GemvMode::NormMma`]'s ring form (14).
-    NormRing,
-    /// [`GemvMode::NormSwigluMma`]'s ring form (15).
-    NormSwigluRing,
-    /// [`GemvMode::NormRelu2Mma`]'s ring form (16).
-    NormRelu2Ring,
 }
 
 impl GemvMode {
     /// Every mode the engine launches, in the order of [`GemvMode::index`].
-    pub const ALL: [GemvMode; 15] = [
+    pub const ALL: [GemvMode; 11] = [
         Self::Residual,
         Self::Norm,
         Self::NormSwiglu,
@@ -147,10 +135,6 @@ impl GemvMode {
         Self::NormRelu2,
         Self::NormRelu2Mma,
         Self::LmHeadMma,
-        Self::ResidualRing,
-        Self::NormRing,
-        Self::NormSwigluRing,
-        Self::NormRelu2Ring,
     ];
 
     /// gemv.cu's `MODE`, in the kernel's name.
@@ -167,10 +151,6 @@ impl GemvMode {
             Self::NormRelu2 => 10,
             Self::NormRelu2Mma => 11,
             Self::LmHeadMma => 12,
-            Self::ResidualRing => 13,
-            Self::NormRing => 14,
-            Self::NormSwigluRing => 15,
-            Self::NormRelu2Ring => 16,
         }
     }
 
@@ -204,26 +184,6 @@ impl GemvMode {
         }
     }
 
-    /// The mode's ring form, for the modes that have one (not the lm_head).
-    pub fn on_ring(self) -> Option<GemvMode> {
-        match self {
-            Self::Residual => Some(Self::ResidualRing),
-            Self::Norm => Some(Self::NormRing),
-            Self::NormSwiglu => Some(Self::NormSwigluRing),
-            Self::NormRelu2 => Some(Self::NormRelu2Ring),
-            _ => None,
-        }
-    }
-
-    /// Whether the kernel is a ring form: one block per multiprocessor, with
-    /// [`gemv_ring_smem_bytes`] of dynamic shared memory.
-    pub fn is_ring(self) -> bool {
-        matches!(
-            self,
-            Self::ResidualRing | Self::NormRing | Self::NormSwigluRing | Self::NormRelu2Ring
-        )
-    }
-
     /// Whether the kernel leaves argmax candidates (an lm_head).
     pub fn is_lm_head(self) -> bool {
         matches!(self, Self::LmHead | Self::LmHeadMma)
@@ -232,10 +192,7 @@ impl GemvMode {
     /// Weight rows read per output row: gate/up reads a gate and an up row.
     pub fn weight_rows(self) -> usize {
         match self {
-            Self::NormSwiglu
-            | Self::NormSwigluOneWarp
-            | Self::NormSwigluMma
-            | Self::NormSwigluRing => 2,
+            Self::NormSwiglu | Self::NormSwigluOneWarp | Self::NormSwigluMma => 2,
             _ => 1,
         }
     }
@@ -495,38 +452,6 @@ pub fn tensor_cores_fit(rows: usize, cols: usize) -> bool {
     rows > 0 && rows % MMA_TILE_ROWS == 0 && mma_ksplit(cols).is_some()
 }
 
-/// Which kernel runs a decode GEMV shape: the load-time tuning's choice per shape and batch class
-/// (tune.rs). `TensorCores` and `Ring` of one split compute the same sums in the same order, so
-/// the same bits; the CUDA cores keep more of each activation and sum in another order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GemvKernel {
-    /// gemv.cu's `gemv_stream` (the lm_head's `gemv_argmax`).
-    CudaCores,
-    /// `gemv_mma` with this many warps per tile, each warp's next step of weights in registers.
-    TensorCores(usize),
-    /// `gemv_mma`'s ring form with this many warps per tile: each warp's next [`GEMV_RING`]
-    /// steps of weights in shared memory, the first issued before the kernel waits for the one
-    /// before it, one block per multiprocessor so the next kernel's blocks fit beside it.
-    Ring(usize),
-}
-
-impl GemvKernel {
-    /// Warps per tile on the tensor cores; none on the CUDA cores.
-    pub fn ksplit(self) -> Option<usize> {
-        match self {
-            Self::CudaCores => None,
-            Self::TensorCores(k) | Self::Ring(k) => Some(k),
-        }
-    }
-}
-
-/// Dynamic shared memory of a ring GEMV block: each warp's [`GEMV_RING`] steps of 16 rows x
-/// 32 [`MMA_U`] k in bf16 (gate/up: 16 gate and 16 up rows of half as many k).
-pub fn gemv_ring_smem_bytes() -> u32 {
-    (GEMV_WARPS * GEMV_RING * MMA_U * 2 * 32 * 16) as u32
-}
-
 /// A decode GEMV's launch: the kernel mode, the warps that share a row (or a tile), and how many
 /// rows (or tiles) the blocks share out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -546,15 +471,6 @@ impl GemvLaunch {
             gemv_grid(self.units, self.ksplit, resident)
         }
     }
-
-    /// Its dynamic shared memory: the ring's, for the ring modes.
-    pub fn smem_bytes(&self) -> u32 {
-        if self.mode.is_ring() {
-            gemv_ring_smem_bytes()
-        } else {
-            0
-        }
-    }
 }
 
 /// The warps per tile the tensor-core kernel can use for K = `cols`: [`mma_ksplit`] and its
@@ -572,36 +488,29 @@ pub fn mma_ksplits(cols: usize) -> Vec<usize> {
     splits
 }
 
-/// How the GEMV of `mode` over `rows` x `cols` is launched at `batch` by `kernel` (the load-time
-/// tuning's choice for the shape and batch, tune.rs): on the tensor cores, in registers or through
-/// the ring, at its warps per tile (ignored where the shape does not fit them, the split is not
-/// one of [`mma_ksplits`] or the mode has no such form), else on the CUDA cores. Tall gate/up on the CUDA cores sums its two slices
+/// How the GEMV of `mode` over `rows` x `cols` is launched at `batch`: on the tensor cores with
+/// `tensor_cores` = Some(warps per tile) (the load-time tuning's choice for the shape and batch,
+/// tune.rs; ignored where the shape does not fit them or the split is not one of
+/// [`mma_ksplits`]), else on the CUDA cores. Tall gate/up on the CUDA cores sums its two slices
 /// in one warp at batch 2-8 (gemv.cu's VK = 2: [`GemvMode::NormSwigluOneWarp`]), which gives the
 /// same bits as two warps: two warps per row measured 20-25% slower there than one warp over one
-/// slice (scripts/gemv-bench). Given the same split of K, a row's bits do not depend on the batch
-/// it runs in, nor on whether the ring runs it.
+/// slice (scripts/gemv-bench). Given the same `tensor_cores`, a row's bits do not depend on the
+/// batch it runs in.
 pub fn gemv_launch(
     rows: usize,
     cols: usize,
     mode: GemvMode,
     batch: usize,
-    kernel: GemvKernel,
+    tensor_cores: Option<usize>,
 ) -> GemvLaunch {
-    let form = match kernel {
-        GemvKernel::CudaCores => None,
-        GemvKernel::TensorCores(_) => mode.on_tensor_cores(),
-        GemvKernel::Ring(_) => mode.on_ring(),
-    };
-    if let (Some(ksplit), Some(form), true) = (
-        kernel.ksplit(),
-        form,
+    if let (Some(ksplit), Some(mma), true) = (
+        tensor_cores,
+        mode.on_tensor_cores(),
         tensor_cores_fit(rows, cols)
-            && kernel
-                .ksplit()
-                .is_some_and(|k| mma_ksplits(cols).contains(&k)),
+            && tensor_cores.is_some_and(|k| mma_ksplits(cols).contains(&k)),
     ) {
         return GemvLaunch {
-            mode: form,
+            mode: mma,
             ksplit,
             units: rows / MMA_TILE_ROWS,
         };
@@ -1126,10 +1035,7 @@ mod tests {
     #[test]
     fn gemv_modes_are_gemv_cu_modes_in_one_order() {
         let numbers: Vec<usize> = GemvMode::ALL.iter().map(|m| m.number()).collect();
-        assert_eq!(
-            numbers,
-            [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
-        );
+        assert_eq!(numbers, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         for (i, m) in GemvMode::ALL.iter().enumerate() {
             assert_eq!(m.index(), i);
         }
@@ -1137,10 +1043,7 @@ mod tests {
         assert_eq!(GemvMode::LmHeadMma.logits_kernel(3), "gemv_m12_logits_b3");
         assert_eq!(GemvMode::NormSwiglu.weight_rows(), 2);
         assert_eq!(GemvMode::Norm.weight_rows(), 1);
-        assert_eq!(GemvMode::NormSwigluRing.kernel(1), "gemv_m15_b1");
-        assert_eq!(GemvMode::NormSwigluRing.weight_rows(), 2);
-        // Every CUDA-core mode the step launches has a tensor-core twin, and the twins have none;
-        // every one but the lm_head a ring form too, the only modes with shared memory to ask for.
+        // Every CUDA-core mode the step launches has a tensor-core twin, and the twins have none.
         for m in [
             GemvMode::Residual,
             GemvMode::Norm,
@@ -1151,21 +1054,7 @@ mod tests {
             let mma = m.on_tensor_cores().unwrap();
             assert_eq!(mma.on_tensor_cores(), None);
             assert_eq!(m.is_lm_head(), mma.is_lm_head());
-            assert_eq!(m.on_ring().is_none(), m.is_lm_head());
-            if let Some(ring) = m.on_ring() {
-                assert!(ring.is_ring() && !mma.is_ring() && !m.is_ring());
-                assert_eq!(ring.weight_rows(), m.weight_rows());
-                assert_eq!((ring.on_ring(), ring.on_tensor_cores()), (None, None));
-            }
         }
-        assert_eq!(
-            GemvMode::ALL.iter().filter(|m| m.is_ring()).count(),
-            4,
-            "the ring modes"
-        );
-        // Half a multiprocessor's shared memory at most (Hopper: 228 KiB), with the kernel's own
-        // static arrays: the next kernel's blocks fit beside it.
-        assert_eq!(gemv_ring_smem_bytes(), 96 << 10);
     }
 
     #[test]
@@ -1179,7 +1068,7 @@ mod tests {
         // Qwen2.5-7B gate/up on the CUDA cores: two warps at batch 1, one warp with both slices
         // at 2-8; the numerics (two slices) are the same at every batch.
         {
-            let tc = GemvKernel::CudaCores;
+            let tc = None;
             assert_eq!(
                 gemv_launch(18944, 3584, NormSwiglu, 1, tc),
                 l(NormSwiglu, 2, 18944)
@@ -1194,19 +1083,16 @@ mod tests {
         // Short gate/up (tiny models) and every other matrix: the same launch at every batch.
         for batch in 1..=MAX_GEMV_BATCH {
             assert_eq!(
-                gemv_launch(2048, 1024, NormSwiglu, batch, GemvKernel::CudaCores),
+                gemv_launch(2048, 1024, NormSwiglu, batch, None),
                 l(NormSwiglu, 2, 2048)
             );
+            assert_eq!(gemv_launch(3072, 2048, Norm, batch, None), l(Norm, 2, 3072));
             assert_eq!(
-                gemv_launch(3072, 2048, Norm, batch, GemvKernel::CudaCores),
-                l(Norm, 2, 3072)
-            );
-            assert_eq!(
-                gemv_launch(2048, 8192, Residual, batch, GemvKernel::CudaCores),
+                gemv_launch(2048, 8192, Residual, batch, None),
                 l(Residual, 2, 2048)
             );
             assert_eq!(
-                gemv_launch(8192, 1280, NormSwiglu, batch, GemvKernel::CudaCores),
+                gemv_launch(8192, 1280, NormSwiglu, batch, None),
                 l(NormSwiglu, 1, 8192)
             );
         }
@@ -1233,28 +1119,14 @@ mod tests {
                     units: rows / MMA_TILE_ROWS,
                 };
                 assert_eq!(
-                    gemv_launch(rows, cols, mode, batch, GemvKernel::TensorCores(8)),
+                    gemv_launch(rows, cols, mode, batch, Some(8)),
                     want,
                     "{rows}x{cols}"
                 );
-                assert_ne!(
-                    gemv_launch(rows, cols, mode, batch, GemvKernel::CudaCores).mode,
-                    mma
-                );
+                assert_ne!(gemv_launch(rows, cols, mode, batch, None).mode, mma);
                 // Fewer warps per tile, more tiles per block.
-                let l = gemv_launch(rows, cols, mode, batch, GemvKernel::TensorCores(2));
+                let l = gemv_launch(rows, cols, mode, batch, Some(2));
                 assert_eq!((l.mode, l.ksplit, l.units), (mma, 2, rows / MMA_TILE_ROWS));
-                assert_eq!(l.smem_bytes(), 0);
-                // The ring form: the same split and tiles, its shared memory; the lm_head has
-                // none and stays on the CUDA cores when asked for one.
-                let r = gemv_launch(rows, cols, mode, batch, GemvKernel::Ring(8));
-                match mode.on_ring() {
-                    Some(ring) => {
-                        assert_eq!((r.mode, r.ksplit, r.units), (ring, 8, want.units));
-                        assert_eq!(r.smem_bytes(), gemv_ring_smem_bytes());
-                    }
-                    None => assert_eq!(r.mode, mode),
-                }
             }
         }
         // K in fewer whole steps: fewer warps per tile (Qwen2.5-0.5B's 896 = 7 steps, Qwen3-4B's
@@ -1271,39 +1143,24 @@ mod tests {
         assert_eq!(mma_ksplits(896), [1]);
         assert_eq!(mma_ksplits(640), [1]);
         assert!(mma_ksplits(4104).is_empty());
-        assert_eq!(
-            gemv_launch(151936, 896, LmHead, 4, GemvKernel::TensorCores(1)).ksplit,
-            1
-        );
+        assert_eq!(gemv_launch(151936, 896, LmHead, 4, Some(1)).ksplit, 1);
         for (rows, cols) in [(4096, 4104), (4104, 4096), (0, 4096)] {
             assert!(!tensor_cores_fit(rows, cols), "{rows}x{cols}");
-            assert_eq!(
-                gemv_launch(rows, cols, Residual, 1, GemvKernel::TensorCores(8)).mode,
-                Residual
-            );
+            assert_eq!(gemv_launch(rows, cols, Residual, 1, Some(8)).mode, Residual);
         }
-        assert_eq!(
-            gemv_launch(4104, 4096, LmHead, 1, GemvKernel::TensorCores(8)).mode,
-            LmHead
-        );
+        assert_eq!(gemv_launch(4104, 4096, LmHead, 1, Some(8)).mode, LmHead);
         // A split the shape cannot use (896 is 7 steps: one warp per tile) is not launched.
-        assert_eq!(
-            gemv_launch(4096, 896, Residual, 1, GemvKernel::TensorCores(8)).mode,
-            Residual
-        );
+        assert_eq!(gemv_launch(4096, 896, Residual, 1, Some(8)).mode, Residual);
         // Persistent grids: 256 tiles of the 8B's o, one tile per block, on as many blocks as are
         // resident (two per SM on 132 SMs) in the fewest rounds; the CUDA-core lm_head a block per
         // 8 / ksplit rows.
-        let o = gemv_launch(4096, 4096, Residual, 1, GemvKernel::TensorCores(8));
+        let o = gemv_launch(4096, 4096, Residual, 1, Some(8));
         assert_eq!(o.grid(264), 256);
-        assert_eq!(
-            gemv_launch(8192, 4096, Residual, 1, GemvKernel::TensorCores(8)).grid(264),
-            256
-        );
-        let head = gemv_launch(128256, 2048, LmHead, 1, GemvKernel::CudaCores);
+        assert_eq!(gemv_launch(8192, 4096, Residual, 1, Some(8)).grid(264), 256);
+        let head = gemv_launch(128256, 2048, LmHead, 1, None);
         assert_eq!(head.grid(264), 16032);
         for k in mma_ksplits(2048) {
-            let l = gemv_launch(128256, 2048, LmHead, 1, GemvKernel::TensorCores(k));
+            let l = gemv_launch(128256, 2048, LmHead, 1, Some(k));
             assert!(l.grid(264 * 8 / k) as usize <= 16032);
         }
     }

@@ -1,11 +1,9 @@
 //! Which kernel runs each decode GEMV, chosen per matrix shape at load: each shape's matrices are
-//! timed on the CUDA cores and on the tensor cores at every split of K the shape allows, with the
-//! weights streamed through registers and (not the lm_head) through the shared-memory ring
-//! ([`GemvKernel`]), as the step runs them (one after the other, in a CUDA graph, PDL as
-//! configured), at batch 1 and at batch 8. Batch 1 gets the fastest at batch 1, batches 2-8 the
-//! fastest at batch 8; the tensor cores must win by at least [`MARGIN`], so that a near draw stays
-//! on the CUDA cores and machines of one kind choose alike (between registers and the ring of one
-//! split the fastest wins outright: the two give the same bits). The choice does not depend on `--max-batch` (the timing has its own
+//! timed on the CUDA cores and on the tensor cores at every split of K the shape allows, as the
+//! step runs them (one after the other, in a CUDA graph, PDL as configured), at batch 1 and at
+//! batch 8. Batch 1 gets the fastest at batch 1, batches 2-8 the fastest at batch 8; the tensor
+//! cores must win by at least [`MARGIN`], so that a near draw stays on the CUDA cores and machines
+//! of one kind choose alike. The choice does not depend on `--max-batch` (the timing has its own
 //! buffers for 8 rows). A row's bits are the same at batches 2-8; at batch 1 they may differ
 //! from its bits in a larger batch, where the two kernels differ (docs/ENGINE.md says what
 //! keeping one kernel for every batch cost). The result is cached beside the compiled kernels,
@@ -23,7 +21,7 @@ use super::backend::{CudaBackend, F32};
 use super::device::{driver_err, DevBuf};
 use super::kernels;
 use super::ops::Gemv;
-use super::plan::{self, GemvKernel, GemvMode};
+use super::plan::{self, GemvMode};
 use crate::error::Result;
 
 /// One shape's measurement and the kernel chosen for it.
@@ -39,18 +37,19 @@ pub struct ShapeTuning {
     /// The batches timed: 1 and 8.
     pub batches: [usize; 2],
     /// Every kernel timed: the CUDA cores first, then the tensor cores at each split of K the
-    /// shape allows (none where it does not fit them: plan.rs `mma_ksplits`), through registers,
-    /// then through the ring.
+    /// shape allows (none where it does not fit them: plan.rs `mma_ksplits`).
     pub candidates: Vec<Candidate>,
-    /// The choices, at batch 1 and at batches 2-8.
-    pub batch_1: GemvKernel,
-    pub batched: GemvKernel,
+    /// The choices, at batch 1 and at batches 2-8: warps per tile on the tensor cores, or none
+    /// for the CUDA cores.
+    pub batch_1: Option<usize>,
+    pub batched: Option<usize>,
 }
 
 /// One kernel's times for a shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Candidate {
-    pub kernel: GemvKernel,
+    /// Warps per tile on the tensor cores; none: the CUDA cores.
+    pub tensor_cores: Option<usize>,
     /// Microseconds per matrix at each of the shape's `batches`.
     pub us: [f64; 2],
 }
@@ -67,20 +66,21 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The kernel of the GEMV of `mode` over `rows` x `cols` at `batch`. Shapes not tuned (before
-    /// the tuning ran) run on the CUDA cores.
-    pub fn kernel(&self, mode: GemvMode, rows: usize, cols: usize, batch: usize) -> GemvKernel {
+    /// The warps per tile on the tensor cores of the GEMV of `mode` over `rows` x `cols` at
+    /// `batch`, or none for the CUDA cores. Shapes not tuned (before the tuning ran) run on the
+    /// CUDA cores.
+    pub fn tensor_cores(
+        &self,
+        mode: GemvMode,
+        rows: usize,
+        cols: usize,
+        batch: usize,
+    ) -> Option<usize> {
         let r = role(mode);
         self.shapes
             .iter()
             .find(|s| s.role == r && s.rows == rows && s.cols == cols)
-            .map_or(GemvKernel::CudaCores, |s| {
-                if batch == 1 {
-                    s.batch_1
-                } else {
-                    s.batched
-                }
-            })
+            .and_then(|s| if batch == 1 { s.batch_1 } else { s.batched })
     }
 }
 
@@ -88,10 +88,10 @@ impl Tuning {
 pub fn role(mode: GemvMode) -> &'static str {
     use GemvMode::*;
     match mode {
-        Residual | ResidualMma | ResidualRing => "residual",
-        Norm | NormMma | NormRing => "norm",
-        NormSwiglu | NormSwigluOneWarp | NormSwigluMma | NormSwigluRing => "gate_up",
-        NormRelu2 | NormRelu2Mma | NormRelu2Ring => "relu2",
+        Residual | ResidualMma => "residual",
+        Norm | NormMma => "norm",
+        NormSwiglu | NormSwigluOneWarp | NormSwigluMma => "gate_up",
+        NormRelu2 | NormRelu2Mma => "relu2",
         LmHead | LmHeadMma => "lm_head",
     }
 }
@@ -99,27 +99,20 @@ pub fn role(mode: GemvMode) -> &'static str {
 /// How much smaller the tensor cores' sum of times must be to be chosen.
 pub const MARGIN: f64 = 0.02;
 
-/// The rule, for the batch timed at `at` (0: batch 1, 1: batch 8): the fastest tensor-core
-/// candidate there (the first listed on a tie), when it is at least [`MARGIN`] faster than the
-/// CUDA cores; else the CUDA cores.
-pub fn choose(candidates: &[Candidate], at: usize) -> GemvKernel {
-    let Some(cuda) = candidates
-        .iter()
-        .find(|c| c.kernel == GemvKernel::CudaCores)
-    else {
-        return GemvKernel::CudaCores;
-    };
+/// The rule, for the batch timed at `at` (0: batch 1, 1: batch 8): the fastest tensor-core split
+/// there (the first listed on a tie), when it is at least [`MARGIN`] faster than the CUDA cores.
+pub fn choose(candidates: &[Candidate], at: usize) -> Option<usize> {
+    let cuda = candidates.iter().find(|c| c.tensor_cores.is_none())?;
     let best = candidates
         .iter()
-        .filter(|c| c.kernel != GemvKernel::CudaCores)
+        .filter(|c| c.tensor_cores.is_some())
         .fold(None::<&Candidate>, |b, c| match b {
             Some(b) if b.us[at] <= c.us[at] => Some(b),
             _ => Some(c),
-        });
-    match best {
-        Some(b) if b.us[at] < (1.0 - MARGIN) * cuda.us[at] => b.kernel,
-        _ => GemvKernel::CudaCores,
-    }
+        })?;
+    (best.us[at] < (1.0 - MARGIN) * cuda.us[at])
+        .then_some(best.tensor_cores)
+        .flatten()
 }
 
 /// The batches timed.
@@ -183,21 +176,21 @@ impl CudaBackend {
         groups
     }
 
-    /// Microseconds per matrix of `group` at `batch` by `kernel`: the group's launches (repeated
-    /// to at least [`MIN_LAUNCHES`]) captured into a graph, replayed once, then [`REPLAYS`] times
-    /// between two events. Where capture fails, the same launches direct.
+    /// Microseconds per matrix of `group` at `batch` on the tensor cores or not: the group's
+    /// launches (repeated to at least [`MIN_LAUNCHES`]) captured into a graph, replayed once,
+    /// then [`REPLAYS`] times between two events. Where capture fails, the same launches direct.
     fn time_group(
         &self,
         group: &[Gemv<'_>],
         parts: u64,
         batch: usize,
-        kernel: GemvKernel,
+        tensor_cores: Option<usize>,
     ) -> Result<f64> {
         let reps = MIN_LAUNCHES.div_ceil(group.len());
         let launch_all = || -> Result<()> {
             for _ in 0..reps {
                 for g in group {
-                    self.gemv_on(g, batch, parts, kernel)?;
+                    self.gemv_on(g, batch, parts, tensor_cores)?;
                 }
             }
             Ok(())
@@ -297,16 +290,14 @@ impl CudaBackend {
             } else {
                 Vec::new()
             };
-            let ring = self.f.ring && g.mode.on_ring().is_some();
-            let candidates = std::iter::once(GemvKernel::CudaCores)
-                .chain(splits.iter().map(|&k| GemvKernel::TensorCores(k)))
-                .chain(splits.iter().filter(|_| ring).map(|&k| GemvKernel::Ring(k)))
-                .map(|kernel| {
+            let candidates = std::iter::once(None)
+                .chain(splits.into_iter().map(Some))
+                .map(|tc| {
                     Ok(Candidate {
-                        kernel,
+                        tensor_cores: tc,
                         us: [
-                            self.time_group(&group, parts.ptr, batches[0], kernel)?,
-                            self.time_group(&group, parts.ptr, batches[1], kernel)?,
+                            self.time_group(&group, parts.ptr, batches[0], tc)?,
+                            self.time_group(&group, parts.ptr, batches[1], tc)?,
                         ],
                     })
                 })
@@ -346,23 +337,23 @@ fn same_key(a: &ShapeTuning, b: &ShapeTuning) -> bool {
 mod tests {
     use super::*;
 
-    use GemvKernel::{CudaCores, Ring, TensorCores};
-
-    fn cand(kernel: GemvKernel, us: [f64; 2]) -> Candidate {
-        Candidate { kernel, us }
+    fn cand(tensor_cores: Option<usize>, us: [f64; 2]) -> Candidate {
+        Candidate { tensor_cores, us }
     }
 
-    fn shape(role: &str, rows: usize, batch_1: GemvKernel, batched: GemvKernel) -> ShapeTuning {
+    fn shape(
+        role: &str,
+        rows: usize,
+        batch_1: Option<usize>,
+        batched: Option<usize>,
+    ) -> ShapeTuning {
         ShapeTuning {
             role: role.into(),
             rows,
             cols: 4096,
             matrices: 32,
             batches: BATCHES,
-            candidates: vec![
-                cand(CudaCores, [10.0, 40.0]),
-                cand(TensorCores(8), [11.0, 14.0]),
-            ],
+            candidates: vec![cand(None, [10.0, 40.0]), cand(Some(8), [11.0, 14.0])],
             batch_1,
             batched,
         }
@@ -373,90 +364,64 @@ mod tests {
         // Llama-3.2-1B's down as measured on the H200: the CUDA cores at batch 1, the tensor
         // cores at batch 8, the fastest split there.
         let c = [
-            cand(CudaCores, [11.7, 61.1]),
-            cand(TensorCores(8), [14.7, 16.5]),
-            cand(TensorCores(4), [22.9, 24.4]),
-            cand(TensorCores(2), [38.5, 40.9]),
+            cand(None, [11.7, 61.1]),
+            cand(Some(8), [14.7, 16.5]),
+            cand(Some(4), [22.9, 24.4]),
+            cand(Some(2), [38.5, 40.9]),
         ];
-        assert_eq!(choose(&c, 0), CudaCores);
-        assert_eq!(choose(&c, 1), TensorCores(8));
-        // The first listed wins a tie between splits, and between registers and the ring.
+        assert_eq!(choose(&c, 0), None);
+        assert_eq!(choose(&c, 1), Some(8));
+        // The first listed wins a tie between splits.
         let c = [
-            cand(CudaCores, [20.0, 60.0]),
-            cand(TensorCores(8), [15.0, 25.0]),
-            cand(TensorCores(4), [15.0, 25.0]),
-            cand(Ring(8), [15.0, 26.0]),
+            cand(None, [20.0, 60.0]),
+            cand(Some(8), [15.0, 25.0]),
+            cand(Some(4), [15.0, 25.0]),
         ];
-        assert_eq!(
-            (choose(&c, 0), choose(&c, 1)),
-            (TensorCores(8), TensorCores(8))
-        );
-        // The ring when it is the fastest, by any margin over the registers (the same bits),
-        // by MARGIN over the CUDA cores.
-        let c = [
-            cand(CudaCores, [10.0, 60.0]),
-            cand(TensorCores(8), [9.0, 20.0]),
-            cand(Ring(8), [8.9, 21.0]),
-            cand(Ring(4), [9.5, 19.0]),
-        ];
-        assert_eq!((choose(&c, 0), choose(&c, 1)), (Ring(8), Ring(4)));
-        let c = [cand(CudaCores, [10.0, 60.0]), cand(Ring(8), [9.9, 70.0])];
-        assert_eq!((choose(&c, 0), choose(&c, 1)), (CudaCores, CudaCores));
+        assert_eq!((choose(&c, 0), choose(&c, 1)), (Some(8), Some(8)));
         // A near draw stays on the CUDA cores; a win by the margin does not.
-        let cuda = cand(CudaCores, [10.0, 12.0]);
-        let near = cand(TensorCores(8), [9.9, 11.9]);
-        assert_eq!(choose(&[cuda.clone(), near], 0), CudaCores);
-        let win = cand(TensorCores(8), [9.7, 11.9]);
-        assert_eq!(choose(&[cuda.clone(), win.clone()], 0), TensorCores(8));
-        assert_eq!(choose(&[cuda.clone(), win], 1), CudaCores);
+        let cuda = cand(None, [10.0, 12.0]);
+        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.9, 11.9])], 0), None);
+        assert_eq!(
+            choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 0),
+            Some(8)
+        );
+        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 1), None);
         // A shape that does not fit the tensor cores stays on the CUDA cores.
-        assert_eq!(choose(&[cuda], 1), CudaCores);
-        assert_eq!(choose(&[], 0), CudaCores);
+        assert_eq!(choose(&[cuda], 1), None);
     }
 
     #[test]
-    fn a_choice_applies_to_every_kernel_of_its_role_to_its_shape_and_batch_class() {
+    fn a_choice_applies_to_both_kernels_of_its_role_to_its_shape_and_batch_class() {
         let t = Tuning {
             shapes: vec![
-                shape("gate_up", 14336, CudaCores, TensorCores(8)),
-                shape("residual", 4096, Ring(4), CudaCores),
+                shape("gate_up", 14336, None, Some(8)),
+                shape("residual", 4096, Some(4), None),
             ],
             ..Default::default()
         };
         for b in 2..=plan::MAX_GEMV_BATCH {
-            for m in [
-                GemvMode::NormSwiglu,
-                GemvMode::NormSwigluOneWarp,
-                GemvMode::NormSwigluRing,
-            ] {
-                assert_eq!(t.kernel(m, 14336, 4096, b), TensorCores(8));
-            }
-            assert_eq!(t.kernel(GemvMode::Residual, 4096, 4096, b), CudaCores);
+            assert_eq!(
+                t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, b),
+                Some(8)
+            );
+            assert_eq!(
+                t.tensor_cores(GemvMode::NormSwigluOneWarp, 14336, 4096, b),
+                Some(8)
+            );
+            assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, b), None);
         }
-        assert_eq!(t.kernel(GemvMode::NormSwiglu, 14336, 4096, 1), CudaCores);
-        assert_eq!(t.kernel(GemvMode::Residual, 4096, 4096, 1), Ring(4));
-        assert_eq!(t.kernel(GemvMode::NormSwiglu, 14336, 2048, 8), CudaCores);
-        assert_eq!(t.kernel(GemvMode::Norm, 14336, 4096, 8), CudaCores);
+        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, 1), None);
+        assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, 1), Some(4));
+        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 2048, 8), None);
+        assert_eq!(t.tensor_cores(GemvMode::Norm, 14336, 4096, 8), None);
         // Before the tuning has run: the CUDA cores.
         assert_eq!(
-            Tuning::default().kernel(GemvMode::Residual, 4096, 4096, 8),
-            CudaCores
+            Tuning::default().tensor_cores(GemvMode::Residual, 4096, 4096, 8),
+            None
         );
         for m in GemvMode::ALL {
             assert_eq!(role(m), role(m.on_tensor_cores().unwrap_or(m)));
-            assert_eq!(role(m), role(m.on_ring().unwrap_or(m)));
         }
-    }
-
-    #[test]
-    fn choices_read_as_their_names_in_the_features() {
-        let v = serde_json::to_value(shape("norm", 6144, Ring(8), CudaCores)).unwrap();
-        assert_eq!(v["batch_1"], serde_json::json!({"ring": 8}));
-        assert_eq!(v["batched"], "cuda_cores");
-        assert_eq!(
-            v["candidates"][1]["kernel"],
-            serde_json::json!({"tensor_cores": 8})
-        );
     }
 
     #[test]
@@ -464,8 +429,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gemv-tune-test-{}", std::process::id()));
         let path = dir.join("t.json");
         let shapes = vec![
-            shape("norm", 6144, CudaCores, Ring(8)),
-            shape("lm_head", 128256, TensorCores(2), CudaCores),
+            shape("norm", 6144, None, Some(8)),
+            shape("lm_head", 128256, Some(2), None),
         ];
         write_cache(&path, &shapes);
         assert_eq!(read_cache::<ShapeTuning>(&path), shapes);
