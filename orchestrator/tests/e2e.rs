@@ -61,7 +61,11 @@ fn tiny_llama_engine_vs_transformers_passes_every_gate() {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     assert_eq!(json.len(), 1, "{json:?}");
-    let rec: Value = serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&json[0]).unwrap();
+    // One line of JSON (record/write.rs), ended by a newline.
+    assert_eq!(text.lines().count(), 1, "the record is not one line");
+    assert!(text.ends_with("}\n"));
+    let rec: Value = serde_json::from_str(&text).unwrap();
     // The engine is not the golden's implementation (transformers): teacher-forced at batch
     // sizes 1 and 4. The oracle is: exact at batch 1, teacher-forced at 4.
     for (leg, starts) in [
