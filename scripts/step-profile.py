@@ -38,13 +38,10 @@ def kernels(text):
         tu, bu = TIME_UNITS[units[t]], BYTE_UNITS[units[b]]
     except KeyError as e:
         raise ValueError(f"unknown unit {e} in the units row {units[t]!r}, {units[b]!r}") from None
-    out = []
-    for r in rows[at + 2:]:
-        if len(r) != len(head):
-            continue  # the program's own output, between ncu's rows
-        num = lambda s: float(s.replace(",", ""))
-        out.append((r[n].split("(")[0], num(r[t]) * tu, num(r[b]) * bu))
-    return out
+    num = lambda s: float(s.replace(",", ""))
+    # Rows of another width are the program's own output, between ncu's rows.
+    return [(r[n].split("(")[0], num(r[t]) * tu, num(r[b]) * bu)
+            for r in rows[at + 2:] if len(r) == len(head)]
 
 
 def last_step(ks):

@@ -23,7 +23,7 @@ ENGINE_PROFILE=step gen --max-tokens 64 2>&1 >/dev/null | grep "step profile"
 # Prefill and three decode steps; NCU_LAUNCHES (default 1000) must cover prefill's kernels and
 # two steps' (a Nemotron-H step is 184). The table comes on stdout, between the program's lines.
 "$ncu" --clock-control none --graph-profiling node --csv --page raw \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     -k regex:'gemv|attention|rmsnorm|argmax|embed|mamba|relu2|swiglu' --launch-count "${NCU_LAUNCHES:-1000}" \
     "$engine" generate --model "$model" --device cuda:0 --prompt "$prompt" --max-tokens 4 --ignore-eos \
     >"$out/ncu.csv" 2>"$out/ncu.err" || { tail -5 "$out/ncu.err" >&2; exit 1; }
