@@ -8,7 +8,9 @@
 // SSM state live in its state slot (`slots[s]`), are read once, carried through its rows in
 // registers, and written back once; a segment whose first row is at position 0 starts from
 // zeros. The scan over a prefill segment is sequential in its tokens: the chunked (SSD) form of
-// transformers and vLLM sums the same recurrence in another order.
+// transformers and vLLM sums the same recurrence in another order. The conv has no recurrence
+// (a row's window is the inputs before it), so prefill cuts it into chunks of rows that run at
+// once, each row's sum the same as in a sequential pass.
 //
 // zxbcdt: in_proj's output per row, [rows][in_dim]: z (inner), x B C (conv_dim), dt (heads).
 //
@@ -25,39 +27,64 @@ __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v));
 // Rows of a segment's conv input loaded at once, ahead of their use.
 #define MAMBA_CONV_AHEAD 8
 
-// One thread per (segment, conv channel): out = silu(w . [window, x] + b) for each of the
-// segment's rows; the window moves on. conv_state: [slots][conv_dim][K - 1], oldest first.
-// xbc: [rows][conv_dim]. The window and weights are register arrays indexed by constants
-// (unrolled, predicated by k), and the inputs of MAMBA_CONV_AHEAD rows are loaded before the
-// first of them is used.
+// One thread per (chunk, conv channel): out = silu(w . [window, x] + b) for each of the chunk's
+// rows, the window moving on. conv_state: [slots][conv_dim][K - 1], oldest first. xbc:
+// [rows][conv_dim]. The window and weights are register arrays indexed by constants (unrolled,
+// predicated by k), and the inputs of MAMBA_CONV_AHEAD rows are loaded before the first of them
+// is used.
+//
+// rows_per = 0 (decode): block y is segment y, all of its rows in turn. rows_per > 0 (prefill):
+// each segment is cut into chunks of rows_per rows and block y is the y-th chunk over the
+// segments in order, so a long prompt's conv runs on as many multiprocessors as it has chunks.
+// A chunk's window is the rows_per >= K - 1 rows' inputs before it, all in the segment past its
+// first chunk; so only the first chunk reads the slot's window, and it alone writes the new one
+// (the segment's last K - 1 inputs), with no other block reading the slot. Every row's sum is the
+// same expression in the same order whatever the chunking.
 extern "C" __global__ void mamba_conv(const float* __restrict__ zxbcdt, const int* __restrict__ starts,
-                                      int in_dim, int inner, int conv_dim, int k,
-                                      const bf16* __restrict__ conv_w, const bf16* __restrict__ conv_b,
+                                      int segments, int rows_per, int in_dim, int inner, int conv_dim,
+                                      int k, const bf16* __restrict__ conv_w, const bf16* __restrict__ conv_b,
                                       float* __restrict__ conv_state, const int* __restrict__ slots,
                                       const int* __restrict__ positions, float* __restrict__ xbc) {
     pdl_launch_dependents();
-    const int s = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
+    int s = blockIdx.y, chunk = 0;
+    if (rows_per > 0) {
+        int left = blockIdx.y;
+        for (s = 0; s < segments; s++) {
+            const int n = (starts[s + 1] - starts[s] + rows_per - 1) / rows_per;
+            if (left < n) break;
+            left -= n;
+        }
+        if (s == segments) return;
+        chunk = left;
+    }
+    const int r0 = starts[s], r1 = starts[s + 1];
+    const int t_begin = rows_per > 0 ? r0 + chunk * rows_per : r0;
+    const int t_end = rows_per > 0 ? min(r1, t_begin + rows_per) : r1;
     float w[MAMBA_MAX_WINDOW + 1];
 #pragma unroll
     for (int j = 0; j < MAMBA_MAX_WINDOW + 1; j++) w[j] = j < k ? bf2f(conv_w[(size_t)c * k + j]) : 0.0f;
     const float bias = conv_b ? bf2f(conv_b[c]) : 0.0f;
     float* st = conv_state + ((size_t)slots[s] * conv_dim + c) * (k - 1);
-    const int r0 = starts[s], r1 = starts[s + 1];
     const bool fresh = positions[r0] == 0;
     float win[MAMBA_MAX_WINDOW];
 #pragma unroll
-    for (int j = 0; j < MAMBA_MAX_WINDOW; j++) win[j] = (j < k - 1 && !fresh) ? st[j] : 0.0f;
+    for (int j = 0; j < MAMBA_MAX_WINDOW; j++) win[j] = (j < k - 1 && chunk == 0 && !fresh) ? st[j] : 0.0f;
     pdl_wait();
-    for (int t0 = r0; t0 < r1; t0 += MAMBA_CONV_AHEAD) {
+    if (chunk > 0) {
+#pragma unroll
+        for (int j = 0; j < MAMBA_MAX_WINDOW; j++)
+            if (j < k - 1) win[j] = zxbcdt[(size_t)(t_begin - (k - 1) + j) * in_dim + inner + c];
+    }
+    for (int t0 = t_begin; t0 < t_end; t0 += MAMBA_CONV_AHEAD) {
         float xs[MAMBA_CONV_AHEAD];
 #pragma unroll
         for (int u = 0; u < MAMBA_CONV_AHEAD; u++)
-            xs[u] = t0 + u < r1 ? zxbcdt[(size_t)(t0 + u) * in_dim + inner + c] : 0.0f;
+            xs[u] = t0 + u < t_end ? zxbcdt[(size_t)(t0 + u) * in_dim + inner + c] : 0.0f;
 #pragma unroll
         for (int u = 0; u < MAMBA_CONV_AHEAD; u++) {
-            if (t0 + u < r1) {
+            if (t0 + u < t_end) {
                 const float x = xs[u];
                 float acc = 0.0f;
 #pragma unroll
@@ -77,42 +104,74 @@ extern "C" __global__ void mamba_conv(const float* __restrict__ zxbcdt, const in
             }
         }
     }
+    if (chunk > 0) return;
+    if (t_end == r1) {
+        // The whole segment was this chunk's: the window has moved to its end.
 #pragma unroll
-    for (int j = 0; j < MAMBA_MAX_WINDOW; j++)
-        if (j < k - 1) st[j] = win[j];
+        for (int j = 0; j < MAMBA_MAX_WINDOW; j++)
+            if (j < k - 1) st[j] = win[j];
+    } else {
+        // Longer than a chunk (so longer than the window): its last K - 1 inputs.
+#pragma unroll
+        for (int j = 0; j < MAMBA_MAX_WINDOW; j++)
+            if (j < k - 1) st[j] = zxbcdt[(size_t)(r1 - (k - 1) + j) * in_dim + inner + c];
+    }
 }
 
 // softplus as torch computes it (beta 1, threshold 20).
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// A row's time step: dt = softplus(dt_raw + dt_bias), clamped from below at dt_min.
+__device__ __forceinline__ float ssm_dt(float dt_raw, float dtb, float dt_min) {
+    return fmaxf(softplus(dt_raw + dtb), dt_min);
+}
+
 // One row of a channel's recurrence for thread (i, q), its state values n0 .. n0 + per in `v`:
-// v = v * exp(dt A) + dt B x, then the split's share of y = v . C, its `split` parts added by
-// shuffles in a fixed order; returns that sum plus D x. `b` and `c` point at this thread's
-// `per` values of B and C (`stride` apart), dt_raw is in_proj's dt before its bias.
+// v = v * da + dt B x (da = exp(dt A)), then the split's share of y = v . C, its `split` parts
+// added by shuffles in a fixed order; returns that sum plus D x. `b` and `c` point at this
+// thread's `per` values of B and C; VEC: 16-byte aligned, read four at a time (prefill's staged
+// copies, padded to whole float4s), else one at a time (decode, straight from global memory).
+// The same expressions in the same order either way, so decode and prefill agree bit for bit.
+template <bool VEC>
 __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, const float* b, const float* c,
-                                         float dt_raw, float x, float dtb, float ah, float dh, float dt_min,
-                                         int split) {
-    const float dt = fmaxf(softplus(dt_raw + dtb), dt_min);
-    const float da = expf(dt * ah);
+                                         float dt, float da, float x, float dh, int split) {
     const float dtx = dt * x;
     float acc = 0.0f;
+    if (VEC) {
 #pragma unroll
-    for (int j = 0; j < MAMBA_SSM_PER; j++) {
-        if (j < per) {
-            v[j] = v[j] * da + dtx * b[j];
-            acc += v[j] * c[j];
+        for (int j4 = 0; j4 < MAMBA_SSM_PER; j4 += 4) {
+            if (j4 < per) {
+                const float4 b4 = *reinterpret_cast<const float4*>(b + j4);
+                const float4 c4 = *reinterpret_cast<const float4*>(c + j4);
+                const float bv[4] = {b4.x, b4.y, b4.z, b4.w}, cv[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (j4 + e < per) {
+                        v[j4 + e] = v[j4 + e] * da + dtx * bv[e];
+                        acc += v[j4 + e] * cv[e];
+                    }
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < MAMBA_SSM_PER; j++) {
+            if (j < per) {
+                v[j] = v[j] * da + dtx * b[j];
+                acc += v[j] * c[j];
+            }
         }
     }
     for (int o = split / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     return acc + x * dh;
 }
 
-// Prefill rows staged per tile in shared memory (`tile` rows at a time; 0: read straight from
-// global memory, as decode's single row is): the group's B and C, the head's x and its dt, loaded
-// by the whole block at once, so a row's scan waits on shared memory rather than on a round trip
-// to L2. B and C are stored with one pad word after each thread's `per` values so the split's
-// threads read different banks. Dynamic shared memory: tile * (2 (n_state + split) + hd + 1)
-// floats (plan.rs mamba_scan_tile).
+// Prefill stages its rows in shared memory, `tile` rows at a time, two tiles deep: the next
+// tile's inputs arrive by cp.async while this one is scanned. Per row: the group's B and C, each
+// thread's `per` values of them in a region of its own (plan.rs mamba_scan_region: whole float4s
+// plus four words, so a quarter-warp's 16-byte reads of the split's regions fall in different
+// banks), the head's x, and dt and exp(dt A), computed once per row rather than by every thread.
+// Dynamic shared memory: 2 x mamba_scan_tile_floats floats (plan.rs mamba_scan_smem_bytes).
 //
 // One block per (head, segment), `split` threads per channel of the head (blockDim.x = head_dim x
 // split, split a power of two <= 32 dividing d_state): thread (i, q) keeps the state values
@@ -127,7 +186,7 @@ extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const flo
                                      const float* __restrict__ d, float* __restrict__ ssm_state,
                                      const int* __restrict__ slots, const int* __restrict__ positions,
                                      float dt_min, float* __restrict__ y) {
-    extern __shared__ float staged[];
+    extern __shared__ __align__(16) float staged[];
     pdl_launch_dependents();
     const int h = blockIdx.x, s = blockIdx.y;
     const int i = threadIdx.x / split, q = threadIdx.x % split;
@@ -146,37 +205,63 @@ extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const flo
     if (tile == 0) {
         for (int row = r0; row < r1; row++) {
             const float* xr = xbc + (size_t)row * conv_dim;
-            const float out = ssm_row(v, per, xr + b_off + n0, xr + c_off + n0,
-                                      zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], xr[h * hd + i],
-                                      dtb, ah, dh, dt_min, split);
+            const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
+            const float out = ssm_row<false>(v, per, xr + b_off + n0, xr + c_off + n0, dt, expf(dt * ah),
+                                             xr[h * hd + i], dh, split);
             if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
         }
     } else {
-        // [tile][B, padded | C, padded], then [tile][hd] x, then [tile] dt.
-        const int padded = n_state + split, bc = 2 * padded;
-        float* sbc = staged;
-        float* sx = staged + (size_t)tile * bc;
-        float* sdt = sx + (size_t)tile * hd;
-        for (int t0 = r0; t0 < r1; t0 += tile) {
-            const int nt = min(tile, r1 - t0);
-            __syncthreads();  // the tile before is consumed
-            for (int e = threadIdx.x; e < nt * 2 * n_state; e += blockDim.x) {
-                const int tt = e / (2 * n_state), k = e % (2 * n_state);
-                const int which = k / n_state, m = k % n_state;
-                const float* xr = xbc + (size_t)(t0 + tt) * conv_dim;
-                sbc[tt * bc + which * padded + m + m / per] = xr[(which ? c_off : b_off) + m];
+        // A tile's floats: [tile][B regions | C regions], [tile][hd] x, [tile] dt, [tile] exp(dt A).
+        const int region = ((per + 3) & ~3) + 4, padded = split * region, bc = 2 * padded;
+        const int tile_floats = (tile * (bc + hd + 2) + 3) & ~3;
+        // Stages rows t0 .. t0 + nt into buffer `buf`: one cp.async group per thread.
+        auto stage = [&](int t0, int nt, float* buf) {
+            float* sx = buf + (size_t)tile * bc;
+            float* sdt = sx + (size_t)tile * hd;
+            for (int col = threadIdx.x; col < 2 * n_state; col += blockDim.x) {
+                const int which = col >= n_state, m = col - which * n_state;
+                const int at = which * padded + (m / per) * region + m % per;
+                const float* src = xbc + (size_t)t0 * conv_dim + (which ? c_off : b_off) + m;
+                for (int tt = 0; tt < nt; tt++) cp_async4(buf + tt * bc + at, src + (size_t)tt * conv_dim);
             }
-            for (int e = threadIdx.x; e < nt * hd; e += blockDim.x)
-                sx[e] = xbc[(size_t)(t0 + e / hd) * conv_dim + h * hd + e % hd];
-            for (int e = threadIdx.x; e < nt; e += blockDim.x)
-                sdt[e] = zxbcdt[(size_t)(t0 + e) * in_dim + inner + conv_dim + h];
+            const int xc = threadIdx.x % hd;
+            for (int tt = threadIdx.x / hd; tt < nt; tt += blockDim.x / hd)
+                cp_async4(sx + tt * hd + xc, xbc + (size_t)(t0 + tt) * conv_dim + h * hd + xc);
+            for (int tt = threadIdx.x; tt < nt; tt += blockDim.x)
+                cp_async4(sdt + tt, zxbcdt + (size_t)(t0 + tt) * in_dim + inner + conv_dim + h);
+            cp_async_commit();
+        };
+        const int ntiles = (r1 - r0 + tile - 1) / tile;
+        if (ntiles > 0) stage(r0, min(tile, r1 - r0), staged);
+        for (int it = 0; it < ntiles; it++) {
+            const int t0 = r0 + it * tile, nt = min(tile, r1 - t0);
+            float* buf = staged + (size_t)(it & 1) * tile_floats;
+            // The next tile's copies go out before this one is waited for; its buffer was
+            // consumed in the iteration before (the barrier at the end of it).
+            if (it + 1 < ntiles) {
+                stage(t0 + tile, min(tile, r1 - t0 - tile), staged + (size_t)((it + 1) & 1) * tile_floats);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
             __syncthreads();
-            const int p0 = n0 + q;  // n0 + n0 / per: this thread's values start after q pads
+            float* sx = buf + (size_t)tile * bc;
+            float* sdt = sx + (size_t)tile * hd;
+            float* sda = sdt + tile;
+            for (int tt = threadIdx.x; tt < nt; tt += blockDim.x) {
+                const float dt = ssm_dt(sdt[tt], dtb, dt_min);
+                sdt[tt] = dt;
+                sda[tt] = expf(dt * ah);
+            }
+            __syncthreads();
+            const float* bq = buf + q * region;
+#pragma unroll 2
             for (int tt = 0; tt < nt; tt++) {
-                const float out = ssm_row(v, per, sbc + tt * bc + p0, sbc + tt * bc + padded + p0, sdt[tt],
-                                          sx[tt * hd + i], dtb, ah, dh, dt_min, split);
+                const float out = ssm_row<true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt],
+                                                sx[tt * hd + i], dh, split);
                 if (q == 0) y[(size_t)(t0 + tt) * inner + h * hd + i] = out;
             }
+            __syncthreads();  // before the next iteration stages into the buffer before this one
         }
     }
 #pragma unroll

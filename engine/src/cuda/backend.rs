@@ -271,6 +271,10 @@ impl CudaBackend {
                             slots: pf.slots.ptr,
                             positions: pf.positions.ptr,
                             prefill: true,
+                            conv_chunks: plan::mamba_conv_chunks(
+                                pass.iter().map(|s| s.len),
+                                plan::MAMBA_CONV_ROWS,
+                            ),
                             out_f32: 0,
                             out_bf16: pf.gated_bf16.ptr,
                         })?;
@@ -433,7 +437,8 @@ impl Backend for CudaBackend {
         });
         if let Some(h) = &self.cfg.hybrid {
             f["hybrid"] = h.features(
-                "sequential over a prefill chunk's tokens, the state in registers (mamba.cu)",
+                "the scan sequential over a prefill chunk's tokens, its state in registers and its \
+                 inputs staged two tiles deep; the conv in chunks of rows (mamba.cu)",
             );
         }
         f

@@ -80,8 +80,9 @@ struct Run {
 
 /// Launches conv, SSM and gated norm over the segments `starts` (segment s the rows
 /// `starts[s]..starts[s + 1]` of `zx`, in slot `slots[s]`), as the backend does (ops.rs
-/// `mamba`), the SSM staging `tile` rows at a time through shared memory (0: none, as decode),
-/// and returns the gated output.
+/// `mamba`), the conv over chunks of `conv_rows` rows (0: a block row per segment, as decode) and
+/// the SSM staging `tile` rows at a time through shared memory (0: none, as decode), and returns
+/// the gated output.
 #[allow(clippy::too_many_arguments)]
 fn launch_mixer(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
@@ -93,6 +94,7 @@ fn launch_mixer(
     slots: &[i32],
     positions: &[i32],
     dt_min: f32,
+    conv_rows: usize,
     tile: usize,
 ) -> Vec<f32> {
     let k = |n: &str| kernels::function(module, n).unwrap();
@@ -104,9 +106,15 @@ fn launch_mixer(
         (upload(zx), upload(slots), upload(positions), upload(starts));
     let i = |v: usize| v as i32;
     let dev = &mx.dev;
-    launch!(&k("mamba_conv"), stream, false, ((conv_dim as u32).div_ceil(128), segs as u32, 1), 128, 0;
-        zx_d.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.conv_kernel), dev[0].ptr,
-        dev[1].ptr, r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
+    let lens = starts.windows(2).map(|w| (w[1] - w[0]) as usize);
+    let blocks = if conv_rows == 0 {
+        segs
+    } else {
+        plan::mamba_conv_chunks(lens, conv_rows)
+    };
+    launch!(&k("mamba_conv"), stream, false, ((conv_dim as u32).div_ceil(128), blocks as u32, 1), 128, 0;
+        zx_d.ptr, starts_d.ptr, i(segs), i(conv_rows), i(in_dim), i(inner), i(conv_dim),
+        i(m.conv_kernel), dev[0].ptr, dev[1].ptr, r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
     .unwrap();
     launch!(&k("mamba_ssm"), stream, false, (m.num_heads as u32, segs as u32, 1), (m.head_dim * split) as u32,
         plan::mamba_scan_smem_bytes(m, tile);
@@ -133,10 +141,11 @@ fn assert_close(want: &[f32], got: &[f32], what: &str) {
 }
 
 /// Decode (rows in scattered slots, one step each, twice: from a fresh state, then carrying it),
-/// prefill (one sequence of several rows in one launch, then a decode step from the state it
-/// left) and two prompts prefilled together in tiles of two rows, continuing from their states,
-/// on the 8B's per-head sizes and on a small state of one thread per channel, against the CPU
-/// reference step by step; then the states each slot holds.
+/// prefill (one sequence of 37 rows in one launch, as the backend cuts it: conv chunks of 16 rows,
+/// the scan's tiles two deep; then a decode step from the state it left) and two prompts
+/// prefilled together in tiles of two rows and conv chunks of three (the window's length),
+/// continuing from their states, on the 8B's per-head sizes and on a small state of one thread
+/// per channel, against the CPU reference step by step; then the states each slot holds.
 #[test]
 fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
     let Some((ctx, stream, _)) = gpu() else {
@@ -160,7 +169,7 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
         let m = &mx.m;
         let (inner, conv_dim, in_dim, kk) =
             (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel);
-        let (n_slots, max_rows) = (3usize, 6usize);
+        let (n_slots, max_rows) = (3usize, 37usize);
         let r = Run {
             conv_state: upload(&vec![9.0f32; n_slots * conv_dim * (kk - 1)]),
             ssm_state: upload(&vec![9.0f32; n_slots * heads * n * hd]),
@@ -191,6 +200,7 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
                 &[t; 2],
                 0.0,
                 0,
+                0,
             );
             for (row, &slot) in slots.iter().enumerate() {
                 let want = reference(slot as usize, &zx[row * in_dim..(row + 1) * in_dim], 0.0);
@@ -198,28 +208,42 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
                 assert_close(&want, &got[row * inner..(row + 1) * inner], &what);
             }
         }
-        // Prefill: slot 1, rows at positions 0..5 in one launch (dt clamped), staged as the
-        // backend stages them; then a decode step.
-        let zx = values(5 * in_dim, 20);
+        // Prefill: slot 1, rows at positions 0..37 in one launch (dt clamped), chunked and staged
+        // as the backend does it; then a decode step.
+        let zx = values(37 * in_dim, 20);
+        let positions: Vec<i32> = (0..37).collect();
         let got = launch_mixer(
             &stream,
             &module,
             &mx,
             &r,
             &zx,
-            &[0, 5],
+            &[0, 37],
             &[1],
-            &[0, 1, 2, 3, 4],
+            &positions,
             0.001,
+            plan::MAMBA_CONV_ROWS,
             plan::mamba_scan_tile(m),
         );
-        for t in 0..5 {
+        for t in 0..37 {
             let want = reference(1, &zx[t * in_dim..(t + 1) * in_dim], 0.001);
             let what = format!("{heads}x{hd}x{n} prefill row {t}");
             assert_close(&want, &got[t * inner..(t + 1) * inner], &what);
         }
         let zx = values(in_dim, 21);
-        let got = launch_mixer(&stream, &module, &mx, &r, &zx, &[0, 1], &[1], &[5], 0.0, 0);
+        let got = launch_mixer(
+            &stream,
+            &module,
+            &mx,
+            &r,
+            &zx,
+            &[0, 1],
+            &[1],
+            &[37],
+            0.0,
+            0,
+            0,
+        );
         let want = reference(1, &zx, 0.0);
         assert_close(
             &want,
@@ -227,21 +251,24 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             &format!("{heads}x{hd}x{n} decode after prefill"),
         );
         // Two prompts prefilled together, continuing from their states (slots 0 and 2 at
-        // positions 2..5 and 2..4), in tiles of two rows: three rows of one, two of the other.
-        let zx = values(5 * in_dim, 22);
+        // positions 2..6 and 2..4), in tiles of two rows and conv chunks of three: four rows of
+        // one (a chunk past the first, whose window is the first's rows; the first writes the
+        // window back from the last rows), two of the other (shorter than the window).
+        let zx = values(6 * in_dim, 22);
         let got = launch_mixer(
             &stream,
             &module,
             &mx,
             &r,
             &zx,
-            &[0, 3, 5],
+            &[0, 4, 6],
             &[0, 2],
-            &[2, 3, 4, 2, 3],
+            &[2, 3, 4, 5, 2, 3],
             0.001,
+            kk - 1,
             2,
         );
-        for (row, slot) in [0usize, 0, 0, 2, 2].into_iter().enumerate() {
+        for (row, slot) in [0usize, 0, 0, 0, 2, 2].into_iter().enumerate() {
             let want = reference(slot, &zx[row * in_dim..(row + 1) * in_dim], 0.001);
             let what = format!("{heads}x{hd}x{n} two-prompt prefill row {row}");
             assert_close(&want, &got[row * inner..(row + 1) * inner], &what);

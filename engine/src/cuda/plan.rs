@@ -74,8 +74,19 @@ pub fn mamba_ssm_split(d_state: usize) -> Option<usize> {
     None
 }
 
+/// Rows per chunk of `mamba_conv` in prefill: a segment's rows are cut into chunks of this many,
+/// a block row each (mamba.cu). At least the longest window, so that only a segment's first
+/// chunk reads its slot's window.
+pub const MAMBA_CONV_ROWS: usize = 16;
+const _: () = assert!(MAMBA_CONV_ROWS >= MAMBA_MAX_WINDOW);
+
+/// Block rows of a prefill `mamba_conv` over segments of these lengths: chunks of `rows_per`.
+pub fn mamba_conv_chunks(lens: impl IntoIterator<Item = usize>, rows_per: usize) -> usize {
+    lens.into_iter().map(|n| n.div_ceil(rows_per)).sum()
+}
+
 /// Rows of a prefill segment `mamba_ssm` stages in shared memory at once: the most, up to 32,
-/// whose inputs ([`mamba_scan_smem_bytes`]) fit the 48 KiB a block gets without asking.
+/// whose two tiles ([`mamba_scan_smem_bytes`]) fit the 48 KiB a block gets without asking.
 pub fn mamba_scan_tile(m: &crate::hybrid::Mamba) -> usize {
     let mut tile = 32;
     while tile > 1 && mamba_scan_smem_bytes(m, tile) > 48 << 10 {
@@ -84,12 +95,22 @@ pub fn mamba_scan_tile(m: &crate::hybrid::Mamba) -> usize {
     tile
 }
 
-/// Dynamic shared memory of `mamba_ssm` staging `tile` rows (0 for decode, which stages none):
-/// per row the group's B and C, each padded by one word per thread of a channel, the head's x
-/// and its dt, f32.
-pub fn mamba_scan_smem_bytes(m: &crate::hybrid::Mamba, tile: usize) -> u32 {
+/// Floats of one staged tile of `mamba_ssm` (mamba.cu): per row the group's B and C, each
+/// thread's share in a region of whole float4s plus four words, the head's x, dt and exp(dt A);
+/// rounded up to whole float4s.
+fn mamba_scan_tile_floats(m: &crate::hybrid::Mamba, tile: usize) -> usize {
     let split = mamba_ssm_split(m.d_state).unwrap_or(1);
-    (tile * (2 * (m.d_state + split) + m.head_dim + 1) * 4) as u32
+    let region = (m.d_state / split).next_multiple_of(4) + 4;
+    (tile * (2 * split * region + m.head_dim + 2)).next_multiple_of(4)
+}
+
+/// Dynamic shared memory of `mamba_ssm` staging `tile` rows two tiles deep (0 for decode, which
+/// stages none).
+pub fn mamba_scan_smem_bytes(m: &crate::hybrid::Mamba, tile: usize) -> u32 {
+    if tile == 0 {
+        return 0;
+    }
+    (2 * mamba_scan_tile_floats(m, tile) * 4) as u32
 }
 
 /// The decode GEMV kernels of gemv.cu, each compiled for 1..=[`MAX_GEMV_BATCH`] activation rows
@@ -1194,6 +1215,21 @@ mod tests {
         assert_eq!(mamba_ssm_split(96), Some(4));
         assert_eq!(mamba_ssm_split(2048), None);
         assert_eq!(mamba_ssm_split(1000), None);
+        // The scan's two tiles of 16 rows: B and C in four regions of 36 floats, x, dt, exp(dt A).
+        let m = &c.hybrid.as_ref().unwrap().mamba;
+        assert_eq!(mamba_scan_tile(m), 16);
+        assert_eq!(
+            mamba_scan_smem_bytes(m, 16),
+            2 * 16 * (2 * 4 * 36 + 64 + 2) * 4
+        );
+        assert!(mamba_scan_smem_bytes(m, 32) > 48 << 10);
+        assert_eq!(mamba_scan_smem_bytes(m, 0), 0);
+        // Conv chunks: a block row per 16 rows of each segment, a short one counting whole.
+        assert_eq!(mamba_conv_chunks([512], MAMBA_CONV_ROWS), 32);
+        assert_eq!(
+            mamba_conv_chunks([1, 16, 17, 1000], MAMBA_CONV_ROWS),
+            1 + 1 + 2 + 63
+        );
         let pool = resolve_pool(&c, 16, PoolSize::Blocks(100), 2).unwrap();
         let d = DecodeLayout::new(&c, &pool, 8);
         // in_proj: z 8192 + x B C (8192 + 2 x 8 x 128) + dt 128.

@@ -86,6 +86,7 @@ impl CudaBackend {
             slots: d.slots.ptr,
             positions: d.positions.ptr,
             prefill: false,
+            conv_chunks: batch,
             out_f32,
             out_bf16,
         })
