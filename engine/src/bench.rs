@@ -113,10 +113,28 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         (hi - lo) / m
     };
+    // The samples are each repeat's prompts in turn. Their median mixes the lengths, and so does
+    // its spread (a long prompt's tokens cost more): each length's own median and spread say
+    // what a repeat moved and what the context costs.
+    let by_len: Vec<serde_json::Value> = opts
+        .prompt_lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let own: Vec<f64> = per_token
+                .iter()
+                .skip(i)
+                .step_by(opts.prompt_lens.len())
+                .copied()
+                .collect();
+            serde_json::json!({"prompt_len": len, "median_s": median(&own), "spread": spread(&own)})
+        })
+        .collect();
     Ok(serde_json::json!({
         "per_output_token_s": median(&per_token),
         "per_output_token_samples": per_token,
         "per_output_token_spread": spread(&per_token),
+        "per_output_token_by_prompt_len": by_len,
         "ttft_s": median(&ttft),
         "ttft_prompt_len": opts.ttft_len,
         "batch_tokens": opts.batch_tokens,
@@ -141,6 +159,56 @@ pub fn peak_rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelConfig;
+    use crate::cpu::CpuBackend;
+    use crate::fault::Faults;
+    use crate::kv::{resolve_pool, PoolSize};
+    use crate::weights::Checkpoint;
+
+    #[test]
+    fn per_token_figures_are_given_per_prompt_length_from_that_lengths_samples() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/tiny-llama/model");
+        let cfg = ModelConfig::load(&dir).unwrap();
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let pool = resolve_pool(&cfg, 16, PoolSize::Blocks(64), 2).unwrap();
+        let backend = CpuBackend::load(&cfg, &ckpt, pool, &Faults::default()).unwrap();
+        let mut engine = Engine::new(Box::new(backend), cfg, 2, Faults::default());
+        let opts = BenchOptions {
+            prompt_lens: vec![3, 40],
+            max_tokens: 3,
+            repeat: 3,
+            ttft_len: 8,
+            batches: vec![2],
+            batch_tokens: 2,
+            seed: 1,
+        };
+        let out = bench(&mut engine, &opts).unwrap();
+        let samples: Vec<f64> = out["per_output_token_samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(samples.len(), 6);
+        let by_len = out["per_output_token_by_prompt_len"].as_array().unwrap();
+        assert_eq!(by_len.len(), 2);
+        for (i, (row, len)) in by_len.iter().zip([3, 40]).enumerate() {
+            assert_eq!(row["prompt_len"], len);
+            // Repeat r's sample of prompt i is sample r * 2 + i.
+            let own = [samples[i], samples[2 + i], samples[4 + i]];
+            assert_eq!(row["median_s"].as_f64(), stats::median(&own), "{row}");
+            let (lo, hi) = (
+                own.iter().copied().fold(f64::INFINITY, f64::min),
+                own.iter().copied().fold(0.0, f64::max),
+            );
+            let spread = row["spread"].as_f64().unwrap();
+            assert!(
+                (spread - (hi - lo) / stats::median(&own).unwrap()).abs() < 1e-12,
+                "{row}"
+            );
+        }
+    }
 
     #[test]
     fn synthetic_prompts_are_deterministic_and_in_vocab() {
