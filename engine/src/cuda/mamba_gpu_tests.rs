@@ -78,25 +78,51 @@ struct Run {
     out: DevBuf,
 }
 
-/// Launches conv, SSM and gated norm over the segments `starts` (segment s the rows
-/// `starts[s]..starts[s + 1]` of `zx`, in slot `slots[s]`), as the backend does (ops.rs
-/// `mamba`), the conv over chunks of `conv_rows` rows (0: a block row per segment, as decode) and
-/// the SSM staging `tile` rows at a time through shared memory (0: none, as decode), and returns
-/// the gated output.
-#[allow(clippy::too_many_arguments)]
+/// One launch's rows: segment s is the rows `starts[s]..starts[s + 1]` of `zx`, in slot
+/// `slots[s]`, each row at its position; the conv over chunks of `conv_rows` rows (0: a block row
+/// per segment, as decode) and the SSM staging `tile` rows at a time through shared memory (0:
+/// none, as decode), dt clamped at `dt_min` (0 in decode).
+struct Segments<'a> {
+    starts: &'a [i32],
+    slots: &'a [i32],
+    positions: &'a [i32],
+    dt_min: f32,
+    conv_rows: usize,
+    tile: usize,
+}
+
+impl<'a> Segments<'a> {
+    /// Decode: every row its own segment.
+    fn decode(starts: &'a [i32], slots: &'a [i32], positions: &'a [i32]) -> Self {
+        Self {
+            starts,
+            slots,
+            positions,
+            dt_min: 0.0,
+            conv_rows: 0,
+            tile: 0,
+        }
+    }
+}
+
+/// Launches conv, SSM and gated norm over `seg`, as the backend does (ops.rs `mamba`), and
+/// returns the gated output.
 fn launch_mixer(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     module: &std::sync::Arc<cudarc::driver::CudaModule>,
     mx: &Mixer,
     r: &Run,
     zx: &[f32],
-    starts: &[i32],
-    slots: &[i32],
-    positions: &[i32],
-    dt_min: f32,
-    conv_rows: usize,
-    tile: usize,
+    seg: &Segments<'_>,
 ) -> Vec<f32> {
+    let Segments {
+        starts,
+        slots,
+        positions,
+        dt_min,
+        conv_rows,
+        tile,
+    } = *seg;
     let k = |n: &str| kernels::function(module, n).unwrap();
     let m = &mx.m;
     let (inner, conv_dim, in_dim) = (m.inner(), m.conv_dim(), m.in_proj_dim());
@@ -189,19 +215,9 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
         let slots = [2i32, 0];
         for t in 0..2 {
             let zx = values(slots.len() * in_dim, 10 + t as u64);
-            let got = launch_mixer(
-                &stream,
-                &module,
-                &mx,
-                &r,
-                &zx,
-                &[0, 1, 2],
-                &slots,
-                &[t; 2],
-                0.0,
-                0,
-                0,
-            );
+            let positions = [t; 2];
+            let seg = Segments::decode(&[0, 1, 2], &slots, &positions);
+            let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
             for (row, &slot) in slots.iter().enumerate() {
                 let want = reference(slot as usize, &zx[row * in_dim..(row + 1) * in_dim], 0.0);
                 let what = format!("{heads}x{hd}x{n} decode step {t} row {row}");
@@ -212,38 +228,23 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
         // as the backend does it; then a decode step.
         let zx = values(37 * in_dim, 20);
         let positions: Vec<i32> = (0..37).collect();
-        let got = launch_mixer(
-            &stream,
-            &module,
-            &mx,
-            &r,
-            &zx,
-            &[0, 37],
-            &[1],
-            &positions,
-            0.001,
-            plan::MAMBA_CONV_ROWS,
-            plan::mamba_scan_tile(m),
-        );
+        let seg = Segments {
+            starts: &[0, 37],
+            slots: &[1],
+            positions: &positions,
+            dt_min: 0.001,
+            conv_rows: plan::MAMBA_CONV_ROWS,
+            tile: plan::mamba_scan_tile(m),
+        };
+        let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         for t in 0..37 {
             let want = reference(1, &zx[t * in_dim..(t + 1) * in_dim], 0.001);
             let what = format!("{heads}x{hd}x{n} prefill row {t}");
             assert_close(&want, &got[t * inner..(t + 1) * inner], &what);
         }
         let zx = values(in_dim, 21);
-        let got = launch_mixer(
-            &stream,
-            &module,
-            &mx,
-            &r,
-            &zx,
-            &[0, 1],
-            &[1],
-            &[37],
-            0.0,
-            0,
-            0,
-        );
+        let seg = Segments::decode(&[0, 1], &[1], &[37]);
+        let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         let want = reference(1, &zx, 0.0);
         assert_close(
             &want,
@@ -255,19 +256,15 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
         // one (a chunk past the first, whose window is the first's rows; the first writes the
         // window back from the last rows), two of the other (shorter than the window).
         let zx = values(6 * in_dim, 22);
-        let got = launch_mixer(
-            &stream,
-            &module,
-            &mx,
-            &r,
-            &zx,
-            &[0, 4, 6],
-            &[0, 2],
-            &[2, 3, 4, 5, 2, 3],
-            0.001,
-            kk - 1,
-            2,
-        );
+        let seg = Segments {
+            starts: &[0, 4, 6],
+            slots: &[0, 2],
+            positions: &[2, 3, 4, 5, 2, 3],
+            dt_min: 0.001,
+            conv_rows: kk - 1,
+            tile: 2,
+        };
+        let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         for (row, slot) in [0usize, 0, 0, 0, 2, 2].into_iter().enumerate() {
             let want = reference(slot, &zx[row * in_dim..(row + 1) * in_dim], 0.001);
             let what = format!("{heads}x{hd}x{n} two-prompt prefill row {row}");
