@@ -1,0 +1,75 @@
+"""scripts/ab-bench.sh: every build on every model in the order asked, each line labelled with
+the engine's own summary, a failing build named while the others still run, and bad arguments
+refused before anything runs. Runs the real engine (target/release, built by scripts/test) on
+tiny-llama on the CPU."""
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+ENGINE = ROOT / "target" / "release" / "engine"
+SCRIPT = ROOT / "scripts" / "ab-bench.sh"
+TINY = ["--prompt-lens", "4,20", "--max-tokens", "3", "--repeat", "1", "--batch", "2",
+        "--batch-tokens", "2", "--ttft-len", "8"]
+
+
+def build(tmp_path, name, engine_text=None):
+    d = tmp_path / name
+    d.mkdir()
+    if engine_text is None:
+        (d / "engine").symlink_to(ENGINE)
+    else:
+        (d / "engine").write_text(engine_text)
+        (d / "engine").chmod(0o755)
+    return d
+
+
+def run(*args):
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture
+def engine():
+    if not ENGINE.exists():
+        pytest.skip("target/release/engine is not built (scripts/test builds it)")
+
+
+def test_builds_run_in_turn_for_each_round_each_line_labelled(engine, tmp_path):
+    a, b = build(tmp_path, "a"), build(tmp_path, "b")
+    out = tmp_path / "out"
+    r = run("--out", out, "--rounds", "2", "goldens/tiny-llama/model", f"{a},{b}", "--", *TINY)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [l for l in r.stdout.splitlines() if not l.startswith("==")]
+    assert [l.split(":")[0] for l in lines] == [
+        "tiny-llama a #1", "tiny-llama b #2", "tiny-llama a #3", "tiny-llama b #4"]
+    for line in lines:
+        assert "per output token" in line and "by prompt length 4:" in line, line
+    for n, label in enumerate(["a", "b", "a", "b"], 1):
+        j = json.loads((out / f"tiny-llama-{label}-{n}.json").read_text())
+        assert [row["prompt_len"] for row in j["per_output_token_by_prompt_len"]] == [4, 20]
+
+
+def test_a_failing_build_is_named_and_the_others_still_run(engine, tmp_path):
+    good = build(tmp_path, "good")
+    bad = build(tmp_path, "bad", "#!/bin/sh\necho 'engine: no CUDA device' >&2\nexit 3\n")
+    r = run("--out", tmp_path / "out", "goldens/tiny-llama/model", f"{bad},{good}", "--", *TINY)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tiny-llama bad #1: FAILED (exit 3): engine: no CUDA device" in r.stdout
+    assert "tiny-llama good #2: per output token" in r.stdout
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
+    r = run("goldens/tiny-llama/model")
+    assert r.returncode == 2 and "needs MODELS and BUILDS" in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = run("goldens/tiny-llama/model", tmp_path / "empty")
+    assert r.returncode == 2 and "is not an executable engine build" in r.stderr
+    r = run("--rounds", "0", "goldens/tiny-llama/model", tmp_path / "empty")
+    assert r.returncode == 2 and "--rounds must be a positive integer" in r.stderr
+    r = run("goldens/tiny-llama/model", tmp_path / "empty", "--batch", "8")
+    assert r.returncode == 2 and "bench options go after --" in r.stderr
+    assert not os.listdir(tmp_path / "empty")

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# `engine bench` of several builds on several models, one after the other in one place, each
+# line labelled: what a change gains is read against the build before it, measured beside it.
+#
+#   scripts/ab-bench.sh [--out DIR] [--rounds N] [--ckpt DIR] MODELS BUILDS [-- BENCH_ARGS...]
+#
+# MODELS  comma-separated: a directory with config.json, or a scripts/make-checkpoint.py model
+#         name (its random-weight checkpoint is made under --ckpt unless it is there already).
+# BUILDS  comma-separated directories, each holding an `engine` binary (scripts/stage-gpu.sh's
+#         .gpu, or a copy of another commit's); a build's label is its directory's name.
+# --rounds  the builds' order is run N times over (A B A B for 2), so that drift over a call
+#           shows as a difference between rounds rather than between builds (default 1).
+# --out   where each run's JSON and stderr go (default .gpu-run/ab-<UTC stamp>).
+# --ckpt  where named checkpoints are made (default /tmp/ckpt).
+# BENCH_ARGS  `engine bench`'s own options (default: --device cuda:0 --max-batch 32 --batch 8,32
+#             --prompt-lens 16,1000 --repeat 3).
+#
+# Prints one line per run: MODEL LABEL #N: the engine's summary (per output token overall and by
+# prompt length, first token, throughput by batch, share of the bandwidth floor). Exit status 1
+# when a run failed (the others still run), 2 on bad arguments.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out="" rounds=1 ckpt=/tmp/ckpt
+usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) out=${2:?--out needs a value}; shift 2 ;;
+        --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
+        --ckpt) ckpt=${2:?--ckpt needs a value}; shift 2 ;;
+        -h | --help) usage; exit 0 ;;
+        --) break ;;
+        -*) echo "ab-bench.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
+if [ $# -lt 2 ] || [ "$1" = -- ] || [ "$2" = -- ]; then
+    echo "ab-bench.sh: needs MODELS and BUILDS (--help says what they are)" >&2
+    exit 2
+fi
+IFS=, read -r -a models <<<"$1"
+IFS=, read -r -a builds <<<"$2"
+shift 2
+if [ "${1:-}" = -- ]; then
+    shift
+    bench_args=("$@")
+elif [ $# -gt 0 ]; then
+    echo "ab-bench.sh: unexpected $1 (bench options go after --)" >&2
+    exit 2
+else
+    bench_args=(--device cuda:0 --max-batch 32 --batch 8,32 --prompt-lens 16,1000 --repeat 3)
+fi
+case $rounds in '' | *[!0-9]* | 0) echo "ab-bench.sh: --rounds must be a positive integer, not $rounds" >&2; exit 2 ;; esac
+for b in "${builds[@]}"; do
+    [ -x "$b/engine" ] || { echo "ab-bench.sh: $b/engine is not an executable engine build" >&2; exit 2; }
+done
+out=${out:-.gpu-run/ab-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+
+status=0
+for model in "${models[@]}"; do
+    if [ -f "$model/config.json" ]; then
+        dir=$model
+    else
+        dir=$ckpt/$model
+        if [ ! -f "$dir/config.json" ]; then
+            echo "== making $dir (scripts/make-checkpoint.py --model $model)"
+            if ! python3 scripts/make-checkpoint.py --model "$model" --out "$dir" >"$out/checkpoint-$model.log" 2>&1; then
+                echo "ab-bench.sh: could not make $model's checkpoint; see $out/checkpoint-$model.log:" >&2
+                tail -n 3 "$out/checkpoint-$model.log" >&2
+                status=1
+                continue
+            fi
+        fi
+    fi
+    name=$(basename "$dir")
+    # goldens/<unit>/model reads as the unit.
+    [ "$name" = model ] && name=$(basename "$(dirname "$dir")")
+    n=0
+    for ((r = 1; r <= rounds; r++)); do
+        for b in "${builds[@]}"; do
+            n=$((n + 1))
+            label=$(basename "$b")
+            file=$out/$name-$label-$n
+            if "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
+                echo "$name $label #$n: $(grep '^per output token' "$file.err")"
+            else
+                echo "$name $label #$n: FAILED (exit $?): $(tail -n 1 "$file.err")"
+                status=1
+            fi
+        done
+    done
+done
+echo "== JSON and logs under $out"
+exit $status
