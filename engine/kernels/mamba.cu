@@ -168,9 +168,10 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 
 // Prefill stages its rows in shared memory, `tile` rows at a time, two tiles deep: the next
 // tile's inputs arrive by cp.async while this one is scanned. Per row: the group's B and C, each
-// thread's `per` values of them in a region of its own (plan.rs mamba_scan_region: whole float4s
-// plus four words, so a quarter-warp's 16-byte reads of the split's regions fall in different
-// banks), the head's x, and dt and exp(dt A), computed once per row rather than by every thread.
+// thread's `per` values of them in a region of its own (whole float4s plus four words, as plan.rs
+// mamba_scan_tile_floats counts them, so a quarter-warp's 16-byte reads of the split's regions
+// fall in different banks), the head's x, and dt and exp(dt A), computed once per row rather
+// than by every thread.
 // Dynamic shared memory: 2 x mamba_scan_tile_floats floats (plan.rs mamba_scan_smem_bytes).
 //
 // One block per (head, segment), `split` threads per channel of the head (blockDim.x = head_dim x

@@ -200,7 +200,7 @@ mod tests {
             assert_eq!(row["median_s"].as_f64(), stats::median(&own), "{row}");
             let (lo, hi) = (
                 own.iter().copied().fold(f64::INFINITY, f64::min),
-                own.iter().copied().fold(0.0, f64::max),
+                own.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             );
             let spread = row["spread"].as_f64().unwrap();
             assert!(

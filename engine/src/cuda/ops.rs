@@ -100,10 +100,10 @@ pub(super) struct Mamba<'a> {
     pub slots: u64,
     pub positions: u64,
     /// Transformers' prefill arithmetic: dt clamped from below at `time_step_min`; the conv over
-    /// chunks of [`plan::MAMBA_CONV_ROWS`] rows, `conv_chunks` of them
-    /// ([`plan::mamba_conv_chunks`]); and the SSM's inputs staged through shared memory, a tile
-    /// of rows at a time. Decode: a conv block row per segment (`conv_chunks` unused).
+    /// chunks of [`plan::MAMBA_CONV_ROWS`] rows; and the SSM's inputs staged through shared
+    /// memory, a tile of rows at a time.
     pub prefill: bool,
+    /// The conv's block rows: one per segment in decode, [`plan::mamba_conv_chunks`] in prefill.
     pub conv_chunks: usize,
     pub out_f32: u64,
     pub out_bf16: u64,
@@ -270,13 +270,9 @@ impl CudaBackend {
         let split = plan::mamba_ssm_split(hy.d_state).expect("checked at load");
         let i = |v: usize| v as i32;
         let dt_min = if m.prefill { hy.time_step_min } else { 0.0 };
-        let (conv_rows, rows_per) = if m.prefill {
-            (m.conv_chunks, plan::MAMBA_CONV_ROWS)
-        } else {
-            (m.segments, 0)
-        };
+        let rows_per = if m.prefill { plan::MAMBA_CONV_ROWS } else { 0 };
         launch!(&self.f.mamba_conv, &self.stream, self.pdl,
-            ((conv_dim as u32).div_ceil(128), conv_rows as u32, 1), 128, 0;
+            ((conv_dim as u32).div_ceil(128), m.conv_chunks as u32, 1), 128, 0;
             m.zxbcdt, m.starts, i(m.segments), i(rows_per), i(in_dim), i(inner), i(conv_dim),
             i(hy.conv_kernel), w.conv_w.ptr, ptr_or_null(&w.conv_b), self.conv_state[w.state].ptr,
             m.slots, m.positions, m.xbc)?;
