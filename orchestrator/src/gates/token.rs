@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use super::{golden_config, Gate, GateInput, GateResult, Scope};
 use crate::legs::record::{LegName, LegRecord};
 use crate::unit::{Golden, Unit};
-use crate::util::fmt::capitalise_first;
+use crate::util::fmt::{capitalise_first, fmt_num};
 use exact::{Mismatch, TokenTally};
 use forced::{ForcedInput, ForcedTally};
 
@@ -70,10 +70,17 @@ impl fmt::Display for TokenReason {
                     write!(f, " {}: {m}.", capitalise_first(leg.as_str()))?;
                 }
                 let because = exact_because.as_deref().unwrap_or("the unit's rule");
-                write!(
-                    f,
-                    " Hint: these rows are held to exact match ({because}), so any difference is a correctness bug to bisect, from the first position named."
-                )
+                match widest_tie(mismatches) {
+                    Some(widest) => write!(
+                        f,
+                        " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (kernels chosen by timing in each process, as vLLM's Triton autotuning does on Mamba layers: docs/ORACLE.md), and so does a bug that moves the logits a little; capture the golden again and rerun on one machine, and bisect from the first position named if it still differs.",
+                        fmt_num(widest)
+                    ),
+                    None => write!(
+                        f,
+                        " Hint: these rows are held to exact match ({because}), so any difference is a correctness bug to bisect, from the first position named."
+                    ),
+                }
             }
             TokenReason::ForcedMismatch {
                 leg,
@@ -87,6 +94,22 @@ impl fmt::Display for TokenReason {
             ),
         }
     }
+}
+
+/// The widest golden margin among `mismatches` when every one of them is the leg taking the
+/// golden's runner-up where the golden records a margin (a tie broken the other way); None when
+/// any is not, or there are none.
+fn widest_tie(mismatches: &[Mismatch]) -> Option<f64> {
+    let ties = !mismatches.is_empty()
+        && mismatches
+            .iter()
+            .all(|m| m.got.is_some() && m.got == m.runner_up && m.margin.is_some());
+    ties.then(|| {
+        mismatches
+            .iter()
+            .filter_map(|m| m.margin)
+            .fold(0.0, f64::max)
+    })
 }
 
 fn forced_sentence(
@@ -367,6 +390,59 @@ mod tests {
     fn with_ready(mut leg: LegRecord, ready: serde_json::Value) -> LegRecord {
         leg.ready = Some(serde_json::from_value(ready).unwrap());
         leg
+    }
+
+    fn mismatch(prompt: &str, got: u32, runner_up: u32, margin: f64) -> Mismatch {
+        Mismatch {
+            prompt: prompt.into(),
+            pass: 0,
+            batch: 1,
+            position: 3,
+            got: Some(got),
+            want: 7,
+            margin: Some(margin),
+            runner_up: Some(runner_up),
+        }
+    }
+
+    fn exact_refusal(mismatches: Vec<Mismatch>) -> String {
+        TokenReason::TokenMismatch {
+            leg: LegName::Oracle,
+            summary: "TOKEN MATCH: 1305/2560".into(),
+            golden: "golden.json".into(),
+            mismatches,
+            exact_because: Some("same implementation at batch 1".into()),
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn an_exact_refusal_whose_differences_are_all_the_goldens_runner_up_says_so() {
+        // nemotron-h-8b's oracle at 2ee0cb1: every prompt parted where vLLM took its own
+        // golden's runner-up, at margins of 0 and one bf16 step.
+        let ties = exact_refusal(vec![
+            mismatch("p1", 74346, 74346, 0.0625),
+            mismatch("p3", 105096, 105096, 0.0),
+        ]);
+        assert!(ties.contains("each first difference named is the golden's runner-up, at golden margins of at most 0.06250"), "{ties}");
+        assert!(
+            !ties.contains("any difference is a correctness bug"),
+            "{ties}"
+        );
+        // One difference that is not the runner-up, or has no margin, is not a tie: a bug.
+        for odd in [mismatch("p4", 51890, 99, 0.0625), {
+            let mut m = mismatch("p4", 51890, 51890, 0.0);
+            m.margin = None;
+            m
+        }] {
+            let bug = exact_refusal(vec![mismatch("p1", 74346, 74346, 0.0625), odd]);
+            assert!(
+                bug.contains("any difference is a correctness bug to bisect"),
+                "{bug}"
+            );
+            assert!(!bug.contains("near-tie decided the other way"), "{bug}");
+        }
+        assert!(exact_refusal(vec![]).contains("correctness bug"));
     }
 
     #[test]
