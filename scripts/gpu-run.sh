@@ -4,6 +4,7 @@
 #
 #   scripts/gpu-run.sh [--units a,b,...] [--steps checkpoint,golden,run,report] [--out DIR]
 #                      [--bin DIR] [--python PY] [--site DIR] [--legs both|engine|oracle]
+#                      [--stop-after SECONDS]
 #
 # Per unit, in order, each step idempotent and skipped when its output exists:
 #   checkpoint  goldens/<u>/model/ for a unit named after a scripts/make-checkpoint.py model
@@ -27,6 +28,11 @@
 # --site      vLLM's unpacked pack, put first on PYTHONPATH (default /tmp/site; "" for none).
 # --legs      the run step's legs (orchestrator run --legs; default both), e.g. `engine` for
 #             an engine-only run (a planted fault, or a speed check without vLLM).
+# --stop-after  start no further unit once SECONDS have passed since the script began, so that a
+#             caller with a wall-clock limit (a GPU lease's 600 s a call) gets the summary and
+#             tree.tgz of the units that finished instead of a unit killed half-way: the summary
+#             names the units not started and the --units value that runs them. A unit takes
+#             about 1.5 (tiny) to 4 (8B, vLLM's load included) minutes on an H200.
 #
 # The orchestrator records the tree of the files it ran (tracked, and untracked ones git does not
 # ignore, less reports/), whatever HEAD names; the log says when the two differ. A plain copy of
@@ -40,13 +46,14 @@
 # into OUT/tree.tgz.
 #
 # Exit status: 0 every step ran and every run passed every gate; 1 every step ran, but some
-# record holds refusals (or report rejected a file); 2 a step failed (its log is named).
-# A failing unit does not stop the others.
+# record holds refusals (or report rejected a file); 2 a step failed (its log is named); 3 no step
+# failed, but --stop-after left units not started (named). A failing unit does not stop the others.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 units_arg="" steps_arg="checkpoint,golden,run,report" out="" bin="" py=python3 site=/tmp/site legs=both
+stop_after=""
 while [ $# -gt 0 ]; do
     case $1 in
         --units) units_arg=${2:?--units needs a value}; shift 2 ;;
@@ -56,11 +63,16 @@ while [ $# -gt 0 ]; do
         --python) py=${2:?--python needs a value}; shift 2 ;;
         --site) site=${2?--site needs a value}; shift 2 ;;
         --legs) legs=${2:?--legs needs a value}; shift 2 ;;
+        --stop-after) stop_after=${2:?--stop-after needs a value}; shift 2 ;;
         -h | --help) sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-run.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done
 
+if [ -n "$stop_after" ] && ! [[ $stop_after =~ ^[0-9]+$ ]]; then
+    echo "gpu-run.sh: --stop-after takes whole seconds, not '$stop_after'" >&2
+    exit 2
+fi
 stamp() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 log() { echo "== $(stamp) $*"; }
 [ -n "$out" ] || out=.gpu-run/$(date -u +%Y%m%dT%H%M%SZ)
@@ -233,7 +245,13 @@ step_run() {
     esac
 }
 
+left=()
 for u in "${units[@]}"; do
+    if [ -n "$stop_after" ] && [ "$SECONDS" -ge "$stop_after" ]; then
+        left+=("$u")
+        note "$u" "not started: ${SECONDS} s had passed (--stop-after $stop_after)"
+        continue
+    fi
     ok=1
     if [ -n "${want[checkpoint]:-}" ] && ! step_checkpoint "$u"; then ok=0; fi
     if [ $ok = 1 ] && [ -n "${want[golden]:-}" ] && ! step_golden "$u"; then ok=0; fi
@@ -270,6 +288,10 @@ if [ -d "$out/tree" ]; then
     tar czf "$out/tree.tgz" -C "$out" tree
     echo "-- to keep: $out/tree/ (and $out/tree.tgz) holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository; tar xzf --strip-components 1 at the repository root restores them"
 fi
+if [ ${#left[@]} -gt 0 ]; then
+    echo "-- not started (--stop-after $stop_after): ${left[*]}; run them with --units $(IFS=,; echo "${left[*]}")"
+fi
 if [ $failed = 1 ]; then exit 2; fi
+if [ ${#left[@]} -gt 0 ]; then exit 3; fi
 if [ $refused = 1 ]; then exit 1; fi
 exit 0

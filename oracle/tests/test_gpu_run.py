@@ -1,0 +1,62 @@
+"""scripts/gpu-run.sh's --stop-after: no unit is started once the time is up, the summary names
+the units left and how to run them, and the exit status says so; a bad value is refused before
+anything runs. The orchestrator is a stand-in that records its calls and takes a few seconds (the
+real one's run is tested in orchestrator/tests); the engine is the built one, so gpu-run.sh has
+nothing to copy over it."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+ENGINE = ROOT / "target" / "release" / "engine"
+SCRIPT = ROOT / "scripts" / "gpu-run.sh"
+
+
+@pytest.fixture
+def bindir(tmp_path):
+    if not ENGINE.exists():
+        pytest.skip("target/release/engine is not built (scripts/test builds it)")
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "engine").symlink_to(ENGINE)
+    orch = d / "orchestrator"
+    orch.write_text('#!/bin/sh\necho "$2" >>"$FAKE_LOG"\nsleep 4\nexit 0\n')
+    orch.chmod(0o755)
+    return d
+
+
+def run(tmp_path, *args):
+    log = tmp_path / "calls"
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "--steps", "run", "--units", "tiny-llama,tiny-qwen3",
+         "--out", str(tmp_path / "out"), "--python", sys.executable, *map(str, args)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "FAKE_LOG": str(log)})
+    calls = log.read_text().split() if log.exists() else []
+    return r, calls
+
+
+def test_no_unit_starts_after_the_time_is_up_and_the_summary_names_the_rest(bindir, tmp_path):
+    r, calls = run(tmp_path, "--bin", bindir, "--stop-after", "3")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert calls == ["goldens/tiny-llama/unit.toml"]
+    assert "-- tiny-qwen3: not started: " in r.stdout, r.stdout
+    assert ("-- not started (--stop-after 3): tiny-qwen3; run them with --units tiny-qwen3"
+            in r.stdout), r.stdout
+
+
+def test_without_it_every_unit_runs(bindir, tmp_path):
+    r, calls = run(tmp_path, "--bin", bindir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls == ["goldens/tiny-llama/unit.toml", "goldens/tiny-qwen3/unit.toml"]
+    assert "not started" not in r.stdout
+
+
+def test_a_value_that_is_not_whole_seconds_is_refused_before_anything_runs(bindir, tmp_path):
+    r, calls = run(tmp_path, "--bin", bindir, "--stop-after", "soon")
+    assert r.returncode == 2
+    assert "--stop-after takes whole seconds, not 'soon'" in r.stderr
+    assert calls == []
