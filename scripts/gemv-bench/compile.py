@@ -7,7 +7,7 @@ root = pathlib.Path(__file__).resolve().parents[2]
 # The engine's own program (engine/src/cuda/kernels.rs SOURCES, in its order), then the variants.
 kernels = root / "engine/kernels"
 parts = [kernels / n for n in ("common.cuh", "embed.cu", "rmsnorm.cu", "gemv.cu", "rope_kv.cu",
-                               "attention.cu", "swiglu.cu", "argmax.cu")]
+                               "attention.cu", "attention_prefill.cu", "swiglu.cu", "argmax.cu")]
 parts.append(pathlib.Path(__file__).with_name("variants.cu"))
 src = "".join(f'#line 1 "{p.name}"\n{p.read_text()}\n' for p in parts).encode()
 arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90"

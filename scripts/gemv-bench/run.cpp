@@ -10,6 +10,11 @@
 //                               /tmp/gb kernels.cubin [filter | seq]
 // seq takes SEQ_MODEL (1b, 8b), SEQ_CTX (16, 64, 256, 1000) and SEQ_VARIANT (full, no_att, ...)
 // from the environment to run one part only.
+// With the filter `att`: decode attention alone at batches 8 and 32 over a paged cache, the
+// engine's attention.cu (a block per split) against variants.cu's attention_tc (tensor cores),
+// each row's context 1,000 + 64 or 16 + 64 positions (engine bench's prompt lengths halfway
+// through its batch runs) or all long: time per launch, K/V read rate, and the largest difference
+// from the engine's output relative to its largest magnitude.
 #include <cuda.h>
 #include <algorithm>
 #include <cmath>
@@ -17,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -247,6 +253,97 @@ static void seq_bench() {
     }
 }
 
+// Decode attention alone (the filter `att`, described at the top).
+static void att_bench() {
+    struct AttModel { const char* name; int heads, kvh, D; };
+    const AttModel models[] = {{"8b", 32, 8, 128}, {"1b", 32, 8, 64}};
+    const int bs = 16;
+    printf("att\tmodel\tbatch\tcontexts\tkernel\tus\tKV_GB/s\tmaxdiff\n");
+    for (const AttModel& m : models) {
+        const int g = m.heads / m.kvh, gd = g * m.D, ld = (m.heads + 2 * m.kvh) * m.D;
+        char name[32];
+        snprintf(name, sizeof name, "attention_g%d", g);
+        CUfunction feng = fn(name);
+        snprintf(name, sizeof name, "attention_tc_d%d", m.D);
+        CUfunction ftc = fn(name);
+        if (!feng || !ftc) { fprintf(stderr, "att: missing a kernel for %s\n", m.name); exit(1); }
+        const unsigned eng_smem = 4 * (gd + 4 * gd + 4 * g * 2);  // plan.rs attention_smem_bytes
+        const unsigned tc_smem = 4 * 2 * 2 * 16 * (m.D + 8) * 2;   // variants.cu attention_tc
+        CK(cuFuncSetAttribute(ftc, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tc_smem));
+        for (int B : {8, 32}) {
+            for (const char* mix : {"mixed", "long"}) {
+                std::vector<int> ctx(B);
+                for (int r = 0; r < B; r++) ctx[r] = (strcmp(mix, "long") == 0 || r % 2 == 0) ? 1064 : 80;
+                const int max_blocks = (1064 + bs - 1) / bs;
+                int nblocks = 0;
+                for (int c : ctx) nblocks += (c + bs - 1) / bs;
+                // Each row's blocks scattered over the cache: block i of row r at a stride.
+                std::vector<int> tables((size_t)B * max_blocks, 0);
+                { int next = 0; std::vector<int> order(nblocks);
+                  for (int i = 0; i < nblocks; i++) order[i] = (int)((i * 7919ll) % nblocks);
+                  for (int r = 0; r < B; r++)
+                      for (int b = 0; b < (ctx[r] + bs - 1) / bs; b++) tables[(size_t)r * max_blocks + b] = order[next++]; }
+                const size_t cache = (size_t)nblocks * m.kvh * bs * m.D;
+                CUdeviceptr kc, vc, qkv, pos, rowt, tab, part_o, part_ml, counts, oeng, otc;
+                CK(cuMemAlloc(&kc, cache * 2)); CK(cuMemAlloc(&vc, cache * 2));
+                CK(cuMemAlloc(&qkv, (size_t)B * ld * 4));
+                CK(cuMemAlloc(&pos, B * 4)); CK(cuMemAlloc(&rowt, B * 4)); CK(cuMemAlloc(&tab, tables.size() * 4));
+                CK(cuMemAlloc(&part_o, (size_t)B * m.heads * 32 * m.D * 4));
+                CK(cuMemAlloc(&part_ml, (size_t)B * m.heads * 32 * 2 * 4));
+                CK(cuMemAlloc(&counts, (size_t)B * m.kvh * 4)); CK(cuMemsetD8(counts, 0, (size_t)B * m.kvh * 4));
+                const size_t nout = (size_t)B * m.heads * m.D;
+                CK(cuMemAlloc(&oeng, nout * 4)); CK(cuMemAlloc(&otc, nout * 4));
+                { size_t n = cache; unsigned s1 = 3, s2 = 4; float k_sc = 2.0f, v_sc = 1.0f, off = 0.0f;
+                  void* a[] = {&kc, &n, &s1, &k_sc, &off}; launch(fn("fill_bf16"), 4096, 256, a, false);
+                  void* b[] = {&vc, &n, &s2, &v_sc, &off}; launch(fn("fill_bf16"), 4096, 256, b, false);
+                  size_t nq = (size_t)B * ld; unsigned s3 = 5;
+                  void* c[] = {&qkv, &nq, &s3}; launch(fn("fill_f32"), 256, 256, c, false); }
+                std::vector<int> p(B), rt(B);
+                for (int r = 0; r < B; r++) { p[r] = ctx[r] - 1; rt[r] = r; }
+                CK(cuMemcpyHtoD(pos, p.data(), B * 4)); CK(cuMemcpyHtoD(rowt, rt.data(), B * 4));
+                CK(cuMemcpyHtoD(tab, tables.data(), tables.size() * 4));
+                CK(cuStreamSynchronize(stream));
+                float scale = 1.0f / std::sqrt((float)m.D), eps = 0.0f;
+                int ldq = ld, mb = max_blocks, nh = m.heads, nk = m.kvh, hd = m.D, bsz = bs;
+                CUdeviceptr nul = 0;
+                // The engine as decode launches it (32 splits deep), without its RoPE and K/V write
+                // (inv_freq null: q as given, the row's position already in the cache).
+                void* ea[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &hd, &bsz, &scale,
+                              &part_o, &part_ml, &counts, &oeng, &nul, &nul, &nul, &nul, &eps, &nul};
+                void* ta[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &bsz, &scale, &otc};
+                auto launch3 = [&](CUfunction f, unsigned z, unsigned smem, void** a) {
+                    CUlaunchConfig cfg = {};
+                    cfg.gridDimX = B; cfg.gridDimY = m.kvh; cfg.gridDimZ = z;
+                    cfg.blockDimX = 128; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+                    cfg.sharedMemBytes = smem; cfg.hStream = stream;
+                    CK(cuLaunchKernelEx(&cfg, f, a, nullptr));
+                };
+                auto eng = [&] { launch3(feng, 32, eng_smem, ea); };
+                auto tc = [&] { launch3(ftc, 1, tc_smem, ta); };
+                eng(); tc(); CK(cuStreamSynchronize(stream));
+                std::vector<float> a(nout), b(nout);
+                CK(cuMemcpyDtoH(a.data(), oeng, nout * 4)); CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
+                double big = 0, diff = 0;
+                for (size_t i = 0; i < nout; i++) {
+                    big = std::max(big, (double)std::fabs(a[i]));
+                    diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+                }
+                double kv_bytes = 0;
+                for (int c : ctx) kv_bytes += 2.0 * c * m.kvh * m.D * 2;
+                const int reps = 20;
+                for (auto [kname, body] : {std::pair<const char*, std::function<void()>>{"engine", eng}, {"tc", tc}}) {
+                    const float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) body(); }, 7);
+                    const double us = ms * 1e3 / reps;
+                    printf("att\t%s\t%d\t%s\t%s\t%.1f\t%.0f\t%.2e\n", m.name, B, mix, kname, us,
+                           kv_bytes / (us * 1e-6) / 1e9, strcmp(kname, "tc") == 0 ? diff / big : 0.0);
+                    fflush(stdout);
+                }
+                for (CUdeviceptr d : {kc, vc, qkv, pos, rowt, tab, part_o, part_ml, counts, oeng, otc}) CK(cuMemFree(d));
+            }
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) { fprintf(stderr, "usage: gemv-bench kernels.cubin [filter]\n"); return 2; }
     const char* filter = argc > 2 ? argv[2] : "";
@@ -281,6 +378,7 @@ int main(int argc, char** argv) {
     }
     CK(cuEventCreate(&ge0, CU_EVENT_DEFAULT)); CK(cuEventCreate(&ge1, CU_EVENT_DEFAULT));
     if (std::string(filter) == "seq") { seq_bench(); return 0; }
+    if (std::string(filter) == "att") { att_bench(); return 0; }
     CUevent e0, e1;
     CK(cuEventCreate(&e0, CU_EVENT_DEFAULT)); CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
     auto time_ms = [&](auto&& body, int reps) {
