@@ -13,8 +13,9 @@
 // With the filter `att`: decode attention alone at batches 8 and 32 over a paged cache, the
 // engine's attention.cu (a block per split) against variants.cu's attention_tc (tensor cores),
 // each row's context 1,000 + 64 or 16 + 64 positions (engine bench's prompt lengths halfway
-// through its batch runs) or all long: time per launch, K/V read rate, and the largest difference
-// from the engine's output relative to its largest magnitude.
+// through its batch runs) or all long, the candidate at splits of 64, 256 and 1,024 positions: time
+// per launch, K/V read rate, and the largest difference from the engine's output relative to its
+// largest magnitude.
 #include <cuda.h>
 #include <algorithm>
 #include <cmath>
@@ -310,7 +311,9 @@ static void att_bench() {
                 // (inv_freq null: q as given, the row's position already in the cache).
                 void* ea[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &hd, &bsz, &scale,
                               &part_o, &part_ml, &counts, &oeng, &nul, &nul, &nul, &nul, &eps, &nul};
-                void* ta[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &bsz, &scale, &otc};
+                int split_chunks = 0;
+                void* ta[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &bsz, &scale, &split_chunks,
+                              &part_o, &part_ml, &counts, &otc};
                 auto launch3 = [&](CUfunction f, unsigned z, unsigned smem, void** a) {
                     CUlaunchConfig cfg = {};
                     cfg.gridDimX = B; cfg.gridDimY = m.kvh; cfg.gridDimZ = z;
@@ -319,24 +322,34 @@ static void att_bench() {
                     CK(cuLaunchKernelEx(&cfg, f, a, nullptr));
                 };
                 auto eng = [&] { launch3(feng, 32, eng_smem, ea); };
-                auto tc = [&] { launch3(ftc, 1, tc_smem, ta); };
-                eng(); tc(); CK(cuStreamSynchronize(stream));
+                eng(); CK(cuStreamSynchronize(stream));
                 std::vector<float> a(nout), b(nout);
-                CK(cuMemcpyDtoH(a.data(), oeng, nout * 4)); CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
-                double big = 0, diff = 0;
-                for (size_t i = 0; i < nout; i++) {
-                    big = std::max(big, (double)std::fabs(a[i]));
-                    diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
-                }
+                CK(cuMemcpyDtoH(a.data(), oeng, nout * 4));
+                double big = 0;
+                for (float v : a) big = std::max(big, (double)std::fabs(v));
                 double kv_bytes = 0;
                 for (int c : ctx) kv_bytes += 2.0 * c * m.kvh * m.D * 2;
                 const int reps = 20;
-                for (auto [kname, body] : {std::pair<const char*, std::function<void()>>{"engine", eng}, {"tc", tc}}) {
+                auto report = [&](const std::string& kname, const std::function<void()>& body, double diff) {
                     const float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) body(); }, 7);
                     const double us = ms * 1e3 / reps;
-                    printf("att\t%s\t%d\t%s\t%s\t%.1f\t%.0f\t%.2e\n", m.name, B, mix, kname, us,
-                           kv_bytes / (us * 1e-6) / 1e9, strcmp(kname, "tc") == 0 ? diff / big : 0.0);
+                    printf("att\t%s\t%d\t%s\t%s\t%.1f\t%.0f\t%.2e\n", m.name, B, mix, kname.c_str(), us,
+                           kv_bytes / (us * 1e-6) / 1e9, diff);
                     fflush(stdout);
+                };
+                report("engine", eng, 0.0);
+                // The candidate with splits of 64, 256 and 1,024 positions (the grid as deep as
+                // the longest context needs).
+                for (int sc : {4, 16, 64}) {
+                    split_chunks = sc;
+                    const unsigned z = (unsigned)((max_blocks * bs / 16 + sc - 1) / sc);
+                    auto tc = [&] { launch3(ftc, z, tc_smem, ta); };
+                    CK(cuMemsetD8(otc, 0, nout * 4));
+                    tc(); CK(cuStreamSynchronize(stream));
+                    CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
+                    double diff = 0;
+                    for (size_t i = 0; i < nout; i++) diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+                    report("tc_split" + std::to_string(16 * sc), tc, diff / big);
                 }
                 for (CUdeviceptr d : {kc, vc, qkv, pos, rowt, tab, part_o, part_ml, counts, oeng, otc}) CK(cuMemFree(d));
             }

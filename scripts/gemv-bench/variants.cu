@@ -67,27 +67,36 @@ MMAS_B(1)
 MMAS_B(8)
 
 // attention_tc_d<D>: decode attention on the tensor cores, a candidate for the batch sizes where
-// the engine's attention.cu runs in many short waves (docs/ENGINE.md, session 16), timed and
-// checked against attention.cu by run.cpp's `att`. Block (row, KV head); the group's query heads
-// are the rows of an m16n8k16 tile (rows past them zero, never stored); each of the four warps
-// streams every fourth chunk of 16 positions of the row's context through two stages of its own
-// shared memory by cp.async, with an online softmax per head; the warps are merged in shared
-// memory at the end. q and p are split into two bf16 terms, K and V are the cache's bf16, as in
-// attention_prefill.cu. No split across blocks yet: a grid of rows x KV heads fills the GPU only
-// at large batches. Dynamic shared memory: ATT_TC_WARPS x 2 stages x (K, V) x 16 x (D + 8) bf16.
+// the engine's attention.cu is slow (docs/ENGINE.md, session 16), timed and checked against
+// attention.cu by run.cpp's `att`. Block (row, KV head, split): a split is `split_chunks` chunks
+// of 16 positions of the row's context (a row's split count its context's alone, at most
+// gridDim.z, the last taking the rest); the group's query heads are the rows of an m16n8k16 tile (rows past them zero, never
+// stored); each of the four warps streams every fourth chunk of the split through two stages of
+// its own shared memory by cp.async, with an online softmax per head; the warps are merged in
+// shared memory, and the splits, as attention.cu does, by the last block of the (row, KV head)
+// to finish, from part_o [rows][H][gridDim.z][D] and part_ml [..][2] (counts [rows][KVH], zero
+// between launches). q and p are split into two bf16 terms, K and V are the cache's bf16, as in
+// attention_prefill.cu. Dynamic shared memory: ATT_TC_WARPS x 2 stages x (K, V) x 16 x (D + 8)
+// bf16.
 #define ATT_TC_WARPS 4
 template <int D>
 __device__ __forceinline__ void attention_tc_body(
     const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int* __restrict__ positions, const int* __restrict__ row_table, const int* __restrict__ block_tables,
-    int max_blocks, int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ out) {
+    int max_blocks, int num_heads, int num_kv_heads, int block_size, float scale, int split_chunks,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out) {
     constexpr int KS = D / 16, DN = D / 8, LD = D + 8, STAGE = 2 * 16 * LD;
     extern __shared__ __align__(16) unsigned char att_tc_smem[];
-    const int row = blockIdx.x, kvh = blockIdx.y;
+    __shared__ int ticket;
+    const int row = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = num_heads / num_kv_heads;
     bf16* stages = reinterpret_cast<bf16*>(att_tc_smem) + warp * 2 * STAGE;
     const int ctx = positions[row] + 1, chunks = (ctx + 15) / 16;
+    const int used = min(S, (chunks + split_chunks - 1) / split_chunks);
+    if (z >= used) return;
+    // The last split takes what is left, should the grid hold fewer splits than the context.
+    const int c_end = z == used - 1 ? chunks : (z + 1) * split_chunks;
     const int* table = block_tables + (size_t)row_table[row] * max_blocks;
     const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)num_kv_heads * head_stride;
     const bf16* kb = k_cache + (size_t)kvh * head_stride;
@@ -106,8 +115,8 @@ __device__ __forceinline__ void attention_tc_body(
         }
         cp_async_commit();
     };
-    const int c0 = warp;
-    if (c0 < chunks) stage_chunk(c0, 0);
+    const int c0 = z * split_chunks + warp;
+    if (c0 < c_end) stage_chunk(c0, 0);
 
     // This lane's two tile rows (fragment rows gr and gr + 8) are query heads kvh * g + gr and
     // + 8 of the group.
@@ -132,8 +141,8 @@ __device__ __forceinline__ void attention_tc_body(
     const int kr = (lane & 7) + ((lane >> 4) << 3), kc = ((lane >> 3) & 1) * 8;
     const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vc = (lane >> 4) * 8;
     int s = 0;
-    for (int c = c0; c < chunks; c += ATT_TC_WARPS, s ^= 1) {
-        if (c + ATT_TC_WARPS < chunks) {
+    for (int c = c0; c < c_end; c += ATT_TC_WARPS, s ^= 1) {
+        if (c + ATT_TC_WARPS < c_end) {
             stage_chunk(c + ATT_TC_WARPS, s ^ 1);
             cp_async_wait<1>();
         } else {
@@ -242,7 +251,39 @@ __device__ __forceinline__ void attention_tc_body(
             L += e * wml[(w * 16 + h) * 2 + 1];
             acc += e * wo[(w * 16 + h) * D + d];
         }
-        out[((size_t)row * num_heads + kvh * g + h) * D + d] = acc / L;
+        const size_t head = (size_t)row * num_heads + kvh * g + h;
+        if (used == 1) {
+            out[head * D + d] = acc / L;
+        } else {
+            part_o[(head * S + z) * D + d] = acc;
+            if (d == 0) {
+                part_ml[(head * S + z) * 2] = M;
+                part_ml[(head * S + z) * 2 + 1] = L;
+            }
+        }
+    }
+    if (used == 1) return;
+    // The last of the row's blocks for this KV head merges the splits, in order.
+    __threadfence();
+    __syncthreads();
+    int* count = counts + (size_t)row * num_kv_heads + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
+    __syncthreads();
+    if (ticket != used - 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) *count = 0;
+    for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
+        const int h = i / D, d = i - h * D;
+        const size_t head = (size_t)row * num_heads + kvh * g + h;
+        float M = -INF_F;
+        for (int j = 0; j < used; j++) M = fmaxf(M, __ldcg(part_ml + (head * S + j) * 2));
+        float L = 0.0f, acc = 0.0f;
+        for (int j = 0; j < used; j++) {
+            const float e = expf(__ldcg(part_ml + (head * S + j) * 2) - M);
+            L += e * __ldcg(part_ml + (head * S + j) * 2 + 1);
+            acc += e * __ldcg(part_o + (head * S + j) * D + d);
+        }
+        out[head * D + d] = acc / L;
     }
 }
 
@@ -251,9 +292,12 @@ __device__ __forceinline__ void attention_tc_body(
         const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,                    \
         const bf16* __restrict__ v_cache, const int* __restrict__ positions,                            \
         const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,        \
-        int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ out) {        \
+        int num_heads, int num_kv_heads, int block_size, float scale, int split_chunks,                 \
+        float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counts,              \
+        float* __restrict__ out) {                                                                      \
         attention_tc_body<D>(qkv, ld_qkv, k_cache, v_cache, positions, row_table, block_tables,        \
-                             max_blocks, num_heads, num_kv_heads, block_size, scale, out);              \
+                             max_blocks, num_heads, num_kv_heads, block_size, scale, split_chunks,      \
+                             part_o, part_ml, counts, out);                                             \
     }
 ATT_TC_KERNEL(64)
 ATT_TC_KERNEL(128)
