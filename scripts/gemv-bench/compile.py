@@ -7,7 +7,7 @@ root = pathlib.Path(__file__).resolve().parents[2]
 # The engine's own program (engine/src/cuda/kernels.rs SOURCES, in its order), then the variants.
 kernels = root / "engine/kernels"
 parts = [kernels / n for n in ("common.cuh", "embed.cu", "rmsnorm.cu", "gemv.cu", "rope_kv.cu",
-                               "attention.cu", "attention_prefill.cu", "swiglu.cu", "argmax.cu")]
+                               "attention.cu", "attention_prefill.cu", "attention_batch.cu", "swiglu.cu", "argmax.cu")]
 parts.append(pathlib.Path(__file__).with_name("variants.cu"))
 src = "".join(f'#line 1 "{p.name}"\n{p.read_text()}\n' for p in parts).encode()
 arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90"
@@ -17,7 +17,7 @@ assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_bench.cu", 0, None,
 # The constants the kernels share with the engine's plan.rs (KERNEL_DEFINES), as the engine passes
 # them; engine/src/cuda/kernels.rs's tests check that this list matches.
 defines = ["-DGEMV_WARPS=8", "-DGEMV_MMA_U=4", "-DATT_WARPS=4", "-DATT_MAXG=8", "-DATT_SPLIT_MIN=16",
-           "-DATT_MAX_SPLITS=32", "-DATT_PF_WARPS=4", "-DATT_PF_POS=64",
+           "-DATT_MAX_SPLITS=32", "-DATT_PF_WARPS=4", "-DATT_PF_POS=64", "-DATT_BATCH_SPLIT=256",
            "-DMAX_HEAD_DIM=128", "-DMAMBA_MAX_WINDOW=7", "-DMAMBA_SSM_PER=32"]
 opts = [f"--gpu-architecture={arch}", "--std=c++17", "--prec-div=true", "--prec-sqrt=true",
         "--fmad=true", *defines, "-Xptxas=-v"]

@@ -2,7 +2,9 @@
 //! f64 reference and against the decode kernel it replaced in prefill (attention.cu, one row per
 //! block), over a paged cache of scattered blocks, prompts of several lengths in one pass and a
 //! prompt's second piece at later positions; and a row's bits the same whatever its pass holds
-//! and wherever its prompt was cut.
+//! and wherever its prompt was cut. The cuBLAS step's decode attention on the tensor cores
+//! (attention_batch.cu) against the same reference and attention.cu, a row's bits the same in
+//! any batch.
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
@@ -162,9 +164,13 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
     );
     let scale = 1.0 / (cfg.head_dim as f32).sqrt();
     let i = |v: usize| v as i32;
-    let f = super::load::attention_prefill_function(&module, cfg)
-        .unwrap()
-        .unwrap();
+    let f = super::load::staged_attention_function(
+        &module,
+        plan::attention_prefill_kernel(cfg),
+        plan::attention_prefill_smem_bytes(cfg.head_dim),
+    )
+    .unwrap()
+    .unwrap();
     launch!(&f, &stream, false, (tiles.len() as u32, cfg.num_heads as u32, 1),
         32 * plan::ATT_PF_WARPS as u32, plan::attention_prefill_smem_bytes(cfg.head_dim);
         qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
@@ -281,4 +287,112 @@ fn a_prefill_rows_bits_depend_on_its_own_prompt_and_position_only() {
         alone_rows(100..300) == &b2[55 * w..255 * w],
         "prompt 2's rows 100..300 differ when prefilled as a second piece"
     );
+}
+
+/// attention_batch.cu's f32 and bf16 outputs for decode rows (one per sequence, each at its own
+/// last position), its grid [`plan::MAX_SPLITS`] deep as the step launches it.
+fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
+    let (_ctx, stream, _) = gpu().unwrap();
+    let module = module(&_ctx);
+    let cfg = &c.cfg;
+    let (kd, vd, td) = (upload(&c.k.0), upload(&c.v.0), upload(&c.tables));
+    let (qd, pd, rd) = (
+        upload(&pass.qkv),
+        upload(&pass.positions),
+        upload(&pass.row_table),
+    );
+    let n_out = pass.rows * cfg.q_dim();
+    let (of, ob) = (
+        DevBuf::zeroed(4 * n_out).unwrap(),
+        DevBuf::zeroed(2 * n_out).unwrap(),
+    );
+    let part_o = DevBuf::zeroed(4 * n_out * plan::MAX_SPLITS).unwrap();
+    let part_ml = DevBuf::zeroed(4 * pass.rows * cfg.num_heads * plan::MAX_SPLITS * 2).unwrap();
+    let counts = DevBuf::zeroed(4 * pass.rows * cfg.num_kv_heads).unwrap();
+    let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+    let i = |v: usize| v as i32;
+    let f = super::load::staged_attention_function(
+        &module,
+        plan::attention_batch_kernel(cfg),
+        plan::attention_batch_smem_bytes(cfg.head_dim),
+    )
+    .unwrap()
+    .unwrap();
+    // Twice: the merging blocks leave `counts` zero for the next launch, which must agree.
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        launch!(&f, &stream, false,
+            (pass.rows as u32, cfg.num_kv_heads as u32, plan::MAX_SPLITS as u32),
+            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(cfg.head_dim);
+            qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks),
+            i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, part_o.ptr,
+            part_ml.ptr, counts.ptr, of.ptr, ob.ptr)
+        .unwrap();
+        let mut got = vec![0f32; n_out];
+        of.read(&mut got, &stream).unwrap();
+        let mut got_b = vec![0u16; n_out];
+        ob.read(&mut got_b, &stream).unwrap();
+        outs.push((got, got_b));
+    }
+    let second = outs.pop().unwrap();
+    let first = outs.pop().unwrap();
+    assert!(
+        first
+            .0
+            .iter()
+            .zip(&second.0)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "a second launch over the same inputs differs: the split tickets were not reset"
+    );
+    first
+}
+
+#[test]
+fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
+    if gpu().is_none() {
+        return;
+    }
+    for (heads, kvh, d, bs) in [
+        (8, 2, 128, 16),
+        (8, 2, 64, 16),
+        (14, 2, 64, 7),
+        (4, 2, 32, 1040),
+        (4, 2, 16, 3),
+    ] {
+        // Contexts of one position, of less than a chunk, of one split and one chunk past it,
+        // of several splits, and past MAX_SPLITS splits of ATT_BATCH_SPLIT (longer shares).
+        let long = plan::MAX_SPLITS * plan::ATT_BATCH_SPLIT + 300;
+        let ctxs = [1, 13, plan::ATT_BATCH_SPLIT + 16, 1_064, long];
+        let c = Cache::new(config(heads, kvh, d), bs, ctxs.len(), long);
+        let rows: Vec<_> = ctxs
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (s, n - 1, 1))
+            .collect();
+        let pass = Pass::new(&c.cfg, &rows);
+        let (got, got_b) = run_batch(&c, &pass);
+        let e = worst(&c, &pass, &got);
+        assert!(
+            e < 1e-4,
+            "({heads}, {kvh}, {d}, {bs}): batch attention off the f64 reference by {e:.2e} of its scale"
+        );
+        for (k, (&b, &f)) in got_b.iter().zip(&got).enumerate() {
+            assert_eq!(
+                b,
+                half::bf16::from_f32(f).to_bits(),
+                "bf16 output {k} is not the f32 one rounded"
+            );
+        }
+        // Each row alone gives the bits it gave among the others.
+        let q = c.cfg.q_dim();
+        for (r, &row) in rows.iter().enumerate() {
+            let (alone, _) = run_batch(&c, &Pass::new(&c.cfg, &[row]));
+            assert!(
+                alone.iter().zip(&got[r * q..(r + 1) * q]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "({heads}, {kvh}, {d}, {bs}): context {}'s row alone differs from its bits in the batch",
+                ctxs[r]
+            );
+        }
+        eprintln!("({heads}, {kvh}, {d}, {bs}): batch attention error {e:.2e}");
+    }
 }

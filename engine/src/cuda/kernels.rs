@@ -25,6 +25,10 @@ const SOURCES: &[(&str, &str)] = &[
         "attention_prefill.cu",
         include_str!("../../kernels/attention_prefill.cu"),
     ),
+    (
+        "attention_batch.cu",
+        include_str!("../../kernels/attention_batch.cu"),
+    ),
     ("swiglu.cu", include_str!("../../kernels/swiglu.cu")),
     ("argmax.cu", include_str!("../../kernels/argmax.cu")),
     ("score.cu", include_str!("../../kernels/score.cu")),
@@ -248,7 +252,8 @@ mod tests {
         }
         let attention = (0..=3)
             .map(|p| format!("attention_g{}", 1 << p))
-            .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_prefill_d{d}")));
+            .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_prefill_d{d}")))
+            .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_batch_d{d}")));
         let others = [
             "embed_gather",
             "rmsnorm",

@@ -108,6 +108,8 @@ pub(super) struct Funcs {
     pub attention: CudaFunction,
     /// The tensor-core prefill attention for the model's head dimension, if it has one.
     pub attention_prefill: Option<CudaFunction>,
+    /// The cuBLAS step's decode attention on the tensor cores, if the model's heads have one.
+    pub attention_batch: Option<CudaFunction>,
     pub swiglu: CudaFunction,
     pub argmax_final: CudaFunction,
     /// The cuBLAS step's argmax over its logits.
@@ -485,22 +487,22 @@ impl CudaBackend {
     }
 }
 
-/// The tensor-core prefill attention for the model's head dimension, if it has one, allowed the
-/// shared memory it stages K/V in: more than the 48 KiB a block gets without asking (Hopper has
-/// 227 KiB).
-pub(super) fn attention_prefill_function(
+/// A tensor-core attention kernel (`name`, if the model has one), allowed the shared memory it
+/// stages K/V in: more than the 48 KiB a block gets without asking (Hopper has 227 KiB).
+pub(super) fn staged_attention_function(
     module: &Arc<CudaModule>,
-    cfg: &ModelConfig,
+    name: Option<String>,
+    smem_bytes: u32,
 ) -> Result<Option<CudaFunction>> {
-    let Some(name) = plan::attention_prefill_kernel(cfg) else {
+    let Some(name) = name else {
         return Ok(None);
     };
     let f = kernels::function(module, &name)?;
     f.set_attribute(
         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        plan::attention_prefill_smem_bytes(cfg.head_dim) as i32,
+        smem_bytes as i32,
     )
-    .map_err(driver_err("prefill attention's shared memory"))?;
+    .map_err(driver_err("tensor-core attention's shared memory"))?;
     Ok(Some(f))
 }
 
@@ -534,7 +536,16 @@ impl Funcs {
             rmsnorm: k("rmsnorm")?,
             rope_kv: k("rope_kv")?,
             attention: k(&plan::attention_kernel(cfg))?,
-            attention_prefill: attention_prefill_function(module, cfg)?,
+            attention_prefill: staged_attention_function(
+                module,
+                plan::attention_prefill_kernel(cfg),
+                plan::attention_prefill_smem_bytes(cfg.head_dim),
+            )?,
+            attention_batch: staged_attention_function(
+                module,
+                plan::attention_batch_kernel(cfg),
+                plan::attention_batch_smem_bytes(cfg.head_dim),
+            )?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,
             argmax_rows: k("argmax_rows")?,

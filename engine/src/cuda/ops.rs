@@ -194,20 +194,22 @@ impl CudaBackend {
         self.mark("argmax_final", 0)
     }
 
-    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv` (prefill).
+    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv`: a prefill pass's,
+    /// or a decode step's (`decode`) before [`Self::attention_batch`].
     pub(super) fn rope_kv(
         &self,
         l: &AttentionWeights,
         qkv: u64,
         rows: usize,
         p: Paging,
+        decode: bool,
     ) -> Result<()> {
         let c = &self.cfg;
         launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
             qkv, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
             self.k_cache[l.cache].ptr, self.v_cache[l.cache].ptr, c.num_heads as i32,
-            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
+            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, decode as i32)?;
         self.mark("rope_kv", 0)
     }
 
@@ -225,6 +227,29 @@ impl CudaBackend {
             a.part_o, a.part_ml, a.counts, a.out_f32, a.out_bf16, ptr_or_null(&l.qkv_bias),
             ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             if a.rope { self.inv_freq.ptr } else { 0 })?;
+        self.mark("attention", 0)
+    }
+
+    /// Decode attention on the tensor cores (attention_batch.cu), for the cuBLAS step: `a`'s rows
+    /// one per sequence, rotated and their K/V written by [`Self::rope_kv`] just before (`a.rope`
+    /// unset), its grid `a.splits` deep. The caller has checked that the model has the kernel
+    /// (`f.attention_batch`).
+    pub(super) fn attention_batch(&self, a: &Attention) -> Result<()> {
+        let c = &self.cfg;
+        let p = &a.paging;
+        let f = self
+            .f
+            .attention_batch
+            .as_ref()
+            .expect("checked by the caller");
+        launch!(f, &self.stream, self.pdl,
+            (a.rows as u32, c.num_kv_heads as u32, a.splits as u32),
+            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(c.head_dim);
+            a.qkv, self.qkv_width() as i32, self.k_cache[a.w.cache].ptr,
+            self.v_cache[a.w.cache].ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
+            c.num_heads as i32, c.num_kv_heads as i32, self.pool.block_size as i32,
+            self.faults.attention_scale(c.head_dim), a.part_o, a.part_ml, a.counts, a.out_f32,
+            a.out_bf16)?;
         self.mark("attention", 0)
     }
 

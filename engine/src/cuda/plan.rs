@@ -36,11 +36,17 @@ pub const ATT_SPLIT_MIN: usize = 16;
 /// (attention.cu `ATT_MAX_SPLITS`): a split's positions are one or a few steps of its block, so
 /// the chain of dependent loads stays short at every context length.
 pub const MAX_SPLITS: usize = 32;
+/// Positions per split of the cuBLAS step's decode attention on the tensor cores
+/// (attention_batch.cu `ATT_BATCH_SPLIT`), up to [`MAX_SPLITS`] splits. Its blocks each stream
+/// whole chunks of 16 positions through shared memory, so longer splits than attention.cu's
+/// pay their set-up and merge over more reading: at batch 32 on the 8B's heads, splits of 256
+/// took 45 us a layer where 64 took 73 and attention.cu 97 (docs/ENGINE.md, session 17).
+pub const ATT_BATCH_SPLIT: usize = 256;
 /// 16-byte loads per lane per weight row per step of the tensor-core GEMV (`GEMV_MMA_U`).
 pub const MMA_U: usize = 4;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 11] = [
+pub const KERNEL_DEFINES: [(&str, usize); 12] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
     ("ATT_WARPS", ATT_WARPS),
@@ -49,6 +55,7 @@ pub const KERNEL_DEFINES: [(&str, usize); 11] = [
     ("ATT_MAX_SPLITS", MAX_SPLITS),
     ("ATT_PF_WARPS", ATT_PF_WARPS),
     ("ATT_PF_POS", ATT_PF_POS),
+    ("ATT_BATCH_SPLIT", ATT_BATCH_SPLIT),
     ("MAX_HEAD_DIM", MAX_HEAD_DIM),
     ("MAMBA_MAX_WINDOW", MAMBA_MAX_WINDOW),
     ("MAMBA_SSM_PER", MAMBA_SSM_PER),
@@ -596,6 +603,24 @@ pub fn attention_prefill_kernel(cfg: &ModelConfig) -> Option<String> {
         .then(|| format!("attention_prefill_d{}", cfg.head_dim))
 }
 
+/// The cuBLAS step's decode attention on the tensor cores (`attention_batch_d{D}`, D one of
+/// [`ATT_PF_HEAD_DIMS`], a KV group's query heads the 16 rows of an mma tile), or none: other
+/// shapes run attention.cu on that path too.
+pub fn attention_batch_kernel(cfg: &ModelConfig) -> Option<String> {
+    (ATT_PF_HEAD_DIMS.contains(&cfg.head_dim) && cfg.num_heads / cfg.num_kv_heads <= 16)
+        .then(|| format!("attention_batch_d{}", cfg.head_dim))
+}
+
+/// Warps per block of `attention_batch_d{D}` (attention_batch.cu `ATT_BATCH_WARPS`).
+pub const ATT_BATCH_WARPS: usize = 4;
+
+/// Dynamic shared memory of `attention_batch_d{D}`: per warp two stages of a chunk's K and V
+/// (16 positions, each row padded by 8 bf16); the warps' outputs and (max, sum), merged in the
+/// same memory after, take less.
+pub fn attention_batch_smem_bytes(head_dim: usize) -> u32 {
+    (ATT_BATCH_WARPS * 2 * 2 * 16 * (head_dim + 8) * 2) as u32
+}
+
 /// Dynamic shared memory of the prefill attention: K and V tiles of [`ATT_PF_POS`] positions,
 /// two deep, each row padded by 8 bf16.
 pub fn attention_prefill_smem_bytes(head_dim: usize) -> u32 {
@@ -942,6 +967,13 @@ mod tests {
         assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
         assert_eq!(d.part_o, 8 * 32 * 32 * 64);
         assert_eq!(attention_kernel(&c), "attention_g4");
+        // The cuBLAS step's attention on the tensor cores: 4 warps, each two stages of 16
+        // positions of K and V, rows of 64 + 8 bf16.
+        assert_eq!(
+            attention_batch_kernel(&c).as_deref(),
+            Some("attention_batch_d64")
+        );
+        assert_eq!(attention_batch_smem_bytes(64), 4 * 2 * 2 * 16 * 72 * 2);
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);

@@ -41,16 +41,21 @@ impl CudaBackend {
         }
     }
 
-    /// Decode attention of `batch` rows of `qkv` (its RoPE and K/V write folded in).
+    /// Decode attention of `batch` rows of `qkv`: attention.cu with its RoPE and K/V write
+    /// folded in, or on the cuBLAS path (`blas`) attention_batch.cu after rope_kv where the model
+    /// has it. That path's rows already have bits of their own (bf16 activations), and
+    /// attention.cu's chain of loads was its slowest kernel at batch 32 (docs/ENGINE.md).
     fn decode_attention(
         &self,
         a: &crate::cuda::load::AttentionWeights,
         batch: usize,
         out_f32: u64,
         out_bf16: u64,
+        blas: bool,
     ) -> Result<()> {
         let d = &self.dec;
-        self.attention(&Attention {
+        let tensor_cores = blas && self.f.attention_batch.is_some();
+        let att = Attention {
             w: a,
             qkv: d.qkv.ptr,
             rows: batch,
@@ -61,8 +66,14 @@ impl CudaBackend {
             counts: d.counts.ptr,
             out_f32,
             out_bf16,
-            rope: true,
-        })
+            rope: !tensor_cores,
+        };
+        if tensor_cores {
+            self.rope_kv(a, d.qkv.ptr, batch, att.paging, true)?;
+            self.attention_batch(&att)
+        } else {
+            self.attention(&att)
+        }
     }
 
     /// The Mamba-2 mixer's core for `batch` rows, one step each, its output into `out_f32` or
@@ -101,7 +112,7 @@ impl CudaBackend {
             let [input, output] = self.sublayer_gemvs(l);
             self.gemv(&input, batch, 0)?;
             match &l.mixer {
-                Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0)?,
+                Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0, false)?,
                 // The activation is applied by the up GEMV: SwiGLU or relu2.
                 Mixer::Mlp(_) => {}
                 Mixer::Mamba(m) => self.decode_mamba(m, batch, d.gated.ptr, 0)?,
@@ -126,7 +137,7 @@ impl CudaBackend {
             let (name, output, mixed) = match &l.mixer {
                 Mixer::Attention(a) => {
                     self.blas_gemm("gemm_qkv", &a.qkv, d.xn_bf16.ptr, d.qkv.ptr, rows, false)?;
-                    self.decode_attention(a, batch, 0, d.attn_bf16.ptr)?;
+                    self.decode_attention(a, batch, 0, d.attn_bf16.ptr, true)?;
                     ("gemm_o", &a.o, d.attn_bf16.ptr)
                 }
                 Mixer::Mlp(m) => {

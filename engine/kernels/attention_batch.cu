@@ -1,0 +1,250 @@
+// Decode attention on the tensor cores, for the steps that run on cuBLAS (batches past the
+// GEMVs' 8, and 2-8 where cuBLAS won the load-time timing). attention.cu walks a position a lane
+// group at a time on the CUDA cores, a chain of dependent loads and shuffles; at batch 32 it read
+// the 8B's K/V at 0.7 TB/s (docs/ENGINE.md, sessions 15-17). Here the query heads of a KV group
+// are the rows of an m16n8k16 tile (rows past them zero, never stored), and each warp streams
+// chunks of 16 positions through two stages of its own shared memory by cp.async.
+//
+// Block (row, KV head, split). A split is a run of whole chunks: ATT_BATCH_SPLIT positions each,
+// at most gridDim.z splits, in balanced shares of the row's chunks, so a row's splits, and with
+// them its bits, depend on its context alone, whatever the batch. The four warps take every
+// fourth chunk of the split, each with an online softmax of its own; the warps are merged in
+// shared memory, and the splits, as attention.cu does, by the last block of the (row, KV head)
+// to finish, from part_o [rows][H][S][D] and part_ml [rows][H][S][2] (counts [rows][KVH], zero
+// between launches; the merging block resets its own).
+//
+// q (f32, rotated by rope_kv, which also wrote the new position's K and V) and p are split into
+// two bf16 terms through two mma into f32 accumulators, and K and V are the cache's bf16, as in
+// attention_prefill.cu. out: [rows][H * D], f32 and/or bf16 (null: not written). Dynamic shared
+// memory: plan.rs attention_batch_smem_bytes.
+static_assert(ATT_BATCH_SPLIT % 16 == 0, "a split is whole chunks of 16 positions");
+#define ATT_BATCH_WARPS 4
+
+template <int D>
+__device__ __forceinline__ void attention_batch_body(
+    const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int* __restrict__ positions, const int* __restrict__ row_table, const int* __restrict__ block_tables,
+    int max_blocks, int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {
+    constexpr int KS = D / 16, DN = D / 8, LD = D + 8, STAGE = 2 * 16 * LD;
+    extern __shared__ __align__(16) unsigned char att_batch_smem[];
+    __shared__ int ticket;
+    pdl_launch_dependents();
+    pdl_wait();
+    // Block y holds query group y and reads KV head kvh: the same one but under FAULT_KV_GROUP.
+    const int row = blockIdx.x, qg = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int kvh = att_kv_head(qg, num_kv_heads);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = num_heads / num_kv_heads;
+    bf16* stages = reinterpret_cast<bf16*>(att_batch_smem) + warp * 2 * STAGE;
+    const int pos = positions[row], ctx = pos + 1, chunks = (ctx + 15) / 16;
+    const int used = min(S, (ctx + ATT_BATCH_SPLIT - 1) / ATT_BATCH_SPLIT);
+    if (z >= used) return;
+    // used <= chunks, so no split is empty.
+    const int c_begin = (int)((long long)z * chunks / used), c_end = (int)((long long)(z + 1) * chunks / used);
+    const int* table = block_tables + (size_t)row_table[row] * max_blocks;
+    const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)num_kv_heads * head_stride;
+    const bf16* kb = k_cache + (size_t)kvh * head_stride;
+    const bf16* vb = v_cache + (size_t)kvh * head_stride;
+    // Chunk c's 16 positions of K and V into stage s, 16 bytes a copy; positions past the context
+    // are zero-filled (masked below; a zero V keeps 0 * V finite).
+    auto stage_chunk = [&](int c, int s) {
+        bf16* kd = stages + s * STAGE;
+        bf16* vd = kd + 16 * LD;
+        for (int i = lane; i < 16 * (D / 8); i += 32) {
+            const int r = i / (D / 8), col = (i % (D / 8)) * 8, p = c * 16 + r;
+            const bool ok = p < ctx;
+            const size_t off = ok ? (size_t)table[p / block_size] * block_stride + (size_t)(p % block_size) * D + col : 0;
+            cp_async16(kd + r * LD + col, kb + off, ok);
+            cp_async16(vd + r * LD + col, vb + off, ok);
+        }
+        cp_async_commit();
+    };
+    const int c0 = c_begin + warp;
+    if (c0 < c_end) stage_chunk(c0, 0);
+
+    // This lane's two tile rows (fragment rows gr and gr + 8) are query heads qg * g + gr and
+    // + 8 of the group.
+    const int gr = lane >> 2, c2 = 2 * (lane & 3);
+    const float* q = qkv + (size_t)row * ld_qkv + (size_t)qg * g * D;
+    const float2 zero2 = make_float2(0.0f, 0.0f);
+    auto qpair = [&](int h, int d) { return h < g ? *reinterpret_cast<const float2*>(q + h * D + d) : zero2; };
+    unsigned qh[KS][4], ql[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        const float2 a0 = qpair(gr, kk * 16 + c2), a1 = qpair(gr + 8, kk * 16 + c2);
+        const float2 a2 = qpair(gr, kk * 16 + 8 + c2), a3 = qpair(gr + 8, kk * 16 + 8 + c2);
+        split_bf16(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
+        split_bf16(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
+        split_bf16(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
+        split_bf16(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
+    }
+    float o[DN][4];
+#pragma unroll
+    for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float ma = -INF_F, mb = -INF_F, la = 0.0f, lb = 0.0f;  // la, lb: this lane's share of the sums
+    const int kr = (lane & 7) + ((lane >> 4) << 3), kc = ((lane >> 3) & 1) * 8;
+    const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vc = (lane >> 4) * 8;
+    int s = 0;
+    for (int c = c0; c < c_end; c += ATT_BATCH_WARPS, s ^= 1) {
+        if (c + ATT_BATCH_WARPS < c_end) {
+            stage_chunk(c + ATT_BATCH_WARPS, s ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const bf16* kt = stages + s * STAGE;
+        const bf16* vt = kt + 16 * LD;
+        // S = Q K^T over the chunk's 16 positions: two n-tiles.
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            unsigned b[4];
+            ldmatrix_x4(b, kt + kr * LD + kk * 16 + kc);
+            mma_bf16(sc[0], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[0], b[1]);
+            mma_bf16(sc[0], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[0], b[1]);
+            mma_bf16(sc[1], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[2], b[3]);
+            mma_bf16(sc[1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[2], b[3]);
+        }
+        // Positions past the context masked; the chunk's first position is in it, so the maxima
+        // are finite.
+        float ta = -INF_F, tb = -INF_F;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const bool in = c * 16 + n * 8 + c2 + e < ctx;
+                sc[n][e] = in ? sc[n][e] : -INF_F;
+                sc[n][2 + e] = in ? sc[n][2 + e] : -INF_F;
+                ta = fmaxf(ta, sc[n][e]);
+                tb = fmaxf(tb, sc[n][2 + e]);
+            }
+        }
+        ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 1));
+        ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 2));
+        tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
+        tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
+        const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
+        const float ca = expf(ma - na), cb = expf(mb - nb);  // 0 on the warp's first chunk
+        ma = na;
+        mb = nb;
+        la *= ca;
+        lb *= cb;
+#pragma unroll
+        for (int d = 0; d < DN; d++) {
+            o[d][0] *= ca;
+            o[d][1] *= ca;
+            o[d][2] *= cb;
+            o[d][3] *= cb;
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            sc[n][0] = expf(sc[n][0] - na);
+            sc[n][1] = expf(sc[n][1] - na);
+            sc[n][2] = expf(sc[n][2] - nb);
+            sc[n][3] = expf(sc[n][3] - nb);
+            la += sc[n][0] + sc[n][1];
+            lb += sc[n][2] + sc[n][3];
+        }
+        // O += P V: the chunk's two n-tiles of S are one k-step of P.
+        unsigned ph[4], pl[4];
+        split_bf16(sc[0][0], sc[0][1], ph[0], pl[0]);
+        split_bf16(sc[0][2], sc[0][3], ph[1], pl[1]);
+        split_bf16(sc[1][0], sc[1][1], ph[2], pl[2]);
+        split_bf16(sc[1][2], sc[1][3], ph[3], pl[3]);
+#pragma unroll
+        for (int d = 0; d < DN; d += 2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, vt + vr * LD + d * 8 + vc);
+            mma_bf16(o[d], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+            mma_bf16(o[d], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+            mma_bf16(o[d + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+            mma_bf16(o[d + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+        }
+        __syncwarp();  // every lane is done with stage s before the chunk after next fills it
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    // Merge the warps in the stages' memory: [warp][16 rows][D] outputs, [warp][16 rows][2]
+    // (max, sum); a warp that had no chunk has max -inf and weighs 0 (warp 0 always has one).
+    __syncthreads();
+    float* wo = reinterpret_cast<float*>(att_batch_smem);
+    float* wml = wo + ATT_BATCH_WARPS * 16 * D;
+#pragma unroll
+    for (int d = 0; d < DN; d++) {
+        *reinterpret_cast<float2*>(wo + (warp * 16 + gr) * D + d * 8 + c2) = make_float2(o[d][0], o[d][1]);
+        *reinterpret_cast<float2*>(wo + (warp * 16 + gr + 8) * D + d * 8 + c2) = make_float2(o[d][2], o[d][3]);
+    }
+    if ((lane & 3) == 0) {
+        wml[(warp * 16 + gr) * 2] = ma;
+        wml[(warp * 16 + gr) * 2 + 1] = la;
+        wml[(warp * 16 + gr + 8) * 2] = mb;
+        wml[(warp * 16 + gr + 8) * 2 + 1] = lb;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
+        const int h = i / D, d = i - h * D;
+        float M = -INF_F;
+        for (int w = 0; w < ATT_BATCH_WARPS; w++) M = fmaxf(M, wml[(w * 16 + h) * 2]);
+        float L = 0.0f, acc = 0.0f;
+        for (int w = 0; w < ATT_BATCH_WARPS; w++) {
+            const float m = wml[(w * 16 + h) * 2];
+            const float e = m == -INF_F ? 0.0f : expf(m - M);
+            L += e * wml[(w * 16 + h) * 2 + 1];
+            acc += e * wo[(w * 16 + h) * D + d];
+        }
+        const size_t head = (size_t)row * num_heads + qg * g + h;
+        if (used == 1) {
+            att_store(out_f32, out_bf16, head * D + d, att_out(acc / L, pos));
+        } else {
+            part_o[(head * S + z) * D + d] = acc;
+            if (d == 0) {
+                part_ml[(head * S + z) * 2] = M;
+                part_ml[(head * S + z) * 2 + 1] = L;
+            }
+        }
+    }
+    if (used == 1) return;
+    // The last of the row's blocks for this KV head merges the splits, in order.
+    __threadfence();
+    __syncthreads();
+    int* count = counts + (size_t)row * num_kv_heads + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
+    __syncthreads();
+    if (ticket != used - 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) *count = 0;
+    for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
+        const int h = i / D, d = i - h * D;
+        const size_t head = (size_t)row * num_heads + qg * g + h;
+        float M = -INF_F;
+        for (int j = 0; j < used; j++) M = fmaxf(M, __ldcg(part_ml + (head * S + j) * 2));
+        float L = 0.0f, acc = 0.0f;
+        for (int j = 0; j < used; j++) {
+            const float e = expf(__ldcg(part_ml + (head * S + j) * 2) - M);
+            L += e * __ldcg(part_ml + (head * S + j) * 2 + 1);
+            acc += e * __ldcg(part_o + (head * S + j) * D + d);
+        }
+        att_store(out_f32, out_bf16, head * D + d, att_out(acc / L, pos));
+    }
+}
+
+#define ATT_BATCH_KERNEL(D)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) attention_batch_d##D(            \
+        const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,                    \
+        const bf16* __restrict__ v_cache, const int* __restrict__ positions,                            \
+        const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,        \
+        int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ part_o,       \
+        float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32,             \
+        bf16* __restrict__ out_bf16) {                                                                  \
+        attention_batch_body<D>(qkv, ld_qkv, k_cache, v_cache, positions, row_table, block_tables,     \
+                                max_blocks, num_heads, num_kv_heads, block_size, scale, part_o,         \
+                                part_ml, counts, out_f32, out_bf16);                                    \
+    }
+ATT_BATCH_KERNEL(16)
+ATT_BATCH_KERNEL(32)
+ATT_BATCH_KERNEL(64)
+ATT_BATCH_KERNEL(128)
