@@ -19,6 +19,8 @@ mod attention_gpu_tests;
 mod gemv_gpu_tests;
 #[cfg(test)]
 mod mamba_gpu_tests;
+#[cfg(test)]
+mod rmsnorm_gpu_tests;
 
 pub use backend::CudaBackend;
 
