@@ -44,6 +44,20 @@ __device__ __forceinline__ void att_store(float* out_f32, bf16* out_bf16, size_t
     if (out_bf16) out_bf16[at] = f2bf(v);
 }
 
+// Whether this block, its split's partial results written, is the last of the `used` split
+// blocks counted at `count` to arrive (`ticket`: the block's shared slot): that one merges the
+// splits and resets the count to zero for the next launch.
+__device__ __forceinline__ bool att_last_split(int* count, int used, int& ticket) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
+    __syncthreads();
+    if (ticket != used - 1) return false;
+    __threadfence();
+    if (threadIdx.x == 0) *count = 0;
+    return true;
+}
+
 __device__ __forceinline__ int att_splits(int ctx, int max_splits) {
     return min(max_splits, max(1, (ctx + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN));
 }
@@ -306,14 +320,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     }
     if (used == 1) return;
     // The last of the row's `used` split blocks for this KV head merges the splits, in order.
-    __threadfence();
-    __syncthreads();
-    int* count = counts + (size_t)row * num_kv_heads + kvh;
-    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
-    __syncthreads();
-    if (ticket != used - 1) return;
-    __threadfence();
-    if (threadIdx.x == 0) *count = 0;
+    if (!att_last_split(counts + (size_t)row * num_kv_heads + kvh, used, ticket)) return;
     // One warp per query head weighs the splits (lane j: split j), then each thread sums its
     // dimensions' partial outputs with every split's load in flight at once (a loop over
     // `used` had waited for each load in turn).

@@ -67,24 +67,12 @@ __device__ __forceinline__ void attention_batch_body(
     // + 8 of the group.
     const int gr = lane >> 2, c2 = 2 * (lane & 3);
     const float* q = qkv + (size_t)row * ld_qkv + (size_t)qg * g * D;
-    const float2 zero2 = make_float2(0.0f, 0.0f);
-    auto qpair = [&](int h, int d) { return h < g ? *reinterpret_cast<const float2*>(q + h * D + d) : zero2; };
     unsigned qh[KS][4], ql[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        const float2 a0 = qpair(gr, kk * 16 + c2), a1 = qpair(gr + 8, kk * 16 + c2);
-        const float2 a2 = qpair(gr, kk * 16 + 8 + c2), a3 = qpair(gr + 8, kk * 16 + 8 + c2);
-        split_bf16(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
-        split_bf16(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
-        split_bf16(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
-        split_bf16(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
-    }
+    q_fragments<KS>(qh, ql, gr < g ? q + gr * D : nullptr, gr + 8 < g ? q + (gr + 8) * D : nullptr, scale, c2);
     float o[DN][4];
 #pragma unroll
     for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     float ma = -INF_F, mb = -INF_F, la = 0.0f, lb = 0.0f;  // la, lb: this lane's share of the sums
-    const int kr = (lane & 7) + ((lane >> 4) << 3), kc = ((lane >> 3) & 1) * 8;
-    const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vc = (lane >> 4) * 8;
     int s = 0;
     for (int c = c0; c < c_end; c += ATT_BATCH_WARPS, s ^= 1) {
         if (c + ATT_BATCH_WARPS < c_end) {
@@ -96,20 +84,10 @@ __device__ __forceinline__ void attention_batch_body(
         __syncwarp();
         const bf16* kt = stages + s * STAGE;
         const bf16* vt = kt + 16 * LD;
-        // S = Q K^T over the chunk's 16 positions: two n-tiles.
-        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            unsigned b[4];
-            ldmatrix_x4(b, kt + kr * LD + kk * 16 + kc);
-            mma_bf16(sc[0], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[0], b[1]);
-            mma_bf16(sc[0], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[0], b[1]);
-            mma_bf16(sc[1], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[2], b[3]);
-            mma_bf16(sc[1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[2], b[3]);
-        }
-        // Positions past the context masked; the chunk's first position is in it, so the maxima
-        // are finite.
-        float ta = -INF_F, tb = -INF_F;
+        // The chunk's 16 positions are two n-tiles of S and one k-step of P.V. Positions past the
+        // context masked; the chunk's first position is in it, so the maxima are finite.
+        float sc[2][4];
+        tile_scores<KS, 2, LD>(sc, qh, ql, kt, lane);
 #pragma unroll
         for (int n = 0; n < 2; n++) {
 #pragma unroll
@@ -117,51 +95,10 @@ __device__ __forceinline__ void attention_batch_body(
                 const bool in = c * 16 + n * 8 + c2 + e < ctx;
                 sc[n][e] = in ? sc[n][e] : -INF_F;
                 sc[n][2 + e] = in ? sc[n][2 + e] : -INF_F;
-                ta = fmaxf(ta, sc[n][e]);
-                tb = fmaxf(tb, sc[n][2 + e]);
             }
         }
-        ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 1));
-        ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 2));
-        tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
-        tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
-        const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
-        const float ca = expf(ma - na), cb = expf(mb - nb);  // 0 on the warp's first chunk
-        ma = na;
-        mb = nb;
-        la *= ca;
-        lb *= cb;
-#pragma unroll
-        for (int d = 0; d < DN; d++) {
-            o[d][0] *= ca;
-            o[d][1] *= ca;
-            o[d][2] *= cb;
-            o[d][3] *= cb;
-        }
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-            sc[n][0] = expf(sc[n][0] - na);
-            sc[n][1] = expf(sc[n][1] - na);
-            sc[n][2] = expf(sc[n][2] - nb);
-            sc[n][3] = expf(sc[n][3] - nb);
-            la += sc[n][0] + sc[n][1];
-            lb += sc[n][2] + sc[n][3];
-        }
-        // O += P V: the chunk's two n-tiles of S are one k-step of P.
-        unsigned ph[4], pl[4];
-        split_bf16(sc[0][0], sc[0][1], ph[0], pl[0]);
-        split_bf16(sc[0][2], sc[0][3], ph[1], pl[1]);
-        split_bf16(sc[1][0], sc[1][1], ph[2], pl[2]);
-        split_bf16(sc[1][2], sc[1][3], ph[3], pl[3]);
-#pragma unroll
-        for (int d = 0; d < DN; d += 2) {
-            unsigned b[4];
-            ldmatrix_x4_trans(b, vt + vr * LD + d * 8 + vc);
-            mma_bf16(o[d], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-            mma_bf16(o[d], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-            mma_bf16(o[d + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-            mma_bf16(o[d + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-        }
+        tile_softmax<2, DN>(sc, o, ma, mb, la, lb);
+        tile_pv<2, DN, LD>(o, sc, vt, lane);
         __syncwarp();  // every lane is done with stage s before the chunk after next fills it
     }
     la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -209,14 +146,7 @@ __device__ __forceinline__ void attention_batch_body(
     }
     if (used == 1) return;
     // The last of the row's blocks for this KV head merges the splits, in order.
-    __threadfence();
-    __syncthreads();
-    int* count = counts + (size_t)row * num_kv_heads + kvh;
-    if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
-    __syncthreads();
-    if (ticket != used - 1) return;
-    __threadfence();
-    if (threadIdx.x == 0) *count = 0;
+    if (!att_last_split(counts + (size_t)row * num_kv_heads + kvh, used, ticket)) return;
     for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
         const int h = i / D, d = i - h * D;
         const size_t head = (size_t)row * num_heads + qg * g + h;

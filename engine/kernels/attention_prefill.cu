@@ -38,6 +38,117 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* 
                  : "r"(a));
 }
 
+// The tensor-core attention's steps on a warp's 16 query rows (attention_prefill.cu, and decode's
+// attention_batch.cu): each lane holds fragment rows a (lane / 4) and b (+ 8) of the scores of
+// NT n-tiles of 8 positions, s[n][0..1] row a's and s[n][2..3] row b's, columns 2 (lane % 4)
+// and + 1.
+
+// The A fragments of rows a and b of Q, scaled, each value split in two bf16 terms (hi, and
+// what rounding left): qa and qb are the rows (null: a row of zeros), c2 the lane's column.
+template <int KS>
+__device__ __forceinline__ void q_fragments(unsigned (&qh)[KS][4], unsigned (&ql)[KS][4], const float* qa,
+                                            const float* qb, float scale, int c2) {
+    const float2 zero = make_float2(0.0f, 0.0f);
+    auto at = [&](const float* r, int d) { return r ? *reinterpret_cast<const float2*>(r + d) : zero; };
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        const float2 a0 = at(qa, kk * 16 + c2), a1 = at(qb, kk * 16 + c2);
+        const float2 a2 = at(qa, kk * 16 + 8 + c2), a3 = at(qb, kk * 16 + 8 + c2);
+        split_bf16(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
+        split_bf16(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
+        split_bf16(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
+        split_bf16(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
+    }
+}
+
+// S = Q K^T over NT positions of the stage `kt` (rows of LD bf16), q split in two bf16 terms.
+template <int KS, int NT, int LD>
+__device__ __forceinline__ void tile_scores(float (&s)[NT][4], const unsigned (&qh)[KS][4], const unsigned (&ql)[KS][4],
+                                            const bf16* kt, int lane) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    // ldmatrix's four 8x8 matrices are two n-tiles (positions) by two halves of the k-step
+    // (dimensions), each lane's fragments as the mma wants them.
+    const int kr = (lane & 7) + ((lane >> 4) << 3), kc = ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            unsigned b[4];
+            ldmatrix_x4(b, kt + (n * 8 + kr) * LD + kk * 16 + kc);
+            mma_bf16(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[0], b[1]);
+            mma_bf16(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[0], b[1]);
+            mma_bf16(s[n + 1], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[2], b[3]);
+            mma_bf16(s[n + 1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[2], b[3]);
+        }
+    }
+}
+
+// The online softmax of rows a and b over masked scores (-inf where masked; at least one of each
+// row's scores so far finite): the running maxima ma, mb and this lane's shares of the sums la, lb
+// and the outputs o are rescaled, and s becomes the probabilities.
+template <int NT, int DN>
+__device__ __forceinline__ void tile_softmax(float (&s)[NT][4], float (&o)[DN][4], float& ma, float& mb, float& la,
+                                             float& lb) {
+    float ta = -INF_F, tb = -INF_F;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        ta = fmaxf(ta, fmaxf(s[n][0], s[n][1]));
+        tb = fmaxf(tb, fmaxf(s[n][2], s[n][3]));
+    }
+    ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 1));
+    ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 2));
+    tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
+    tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
+    const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
+    const float ca = expf(ma - na), cb = expf(mb - nb);  // 0 on the first scores
+    ma = na;
+    mb = nb;
+    la *= ca;
+    lb *= cb;
+#pragma unroll
+    for (int d = 0; d < DN; d++) {
+        o[d][0] *= ca;
+        o[d][1] *= ca;
+        o[d][2] *= cb;
+        o[d][3] *= cb;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        s[n][0] = expf(s[n][0] - na);
+        s[n][1] = expf(s[n][1] - na);
+        s[n][2] = expf(s[n][2] - nb);
+        s[n][3] = expf(s[n][3] - nb);
+        la += s[n][0] + s[n][1];
+        lb += s[n][2] + s[n][3];
+    }
+}
+
+// O += P V over the NT positions of the stage `vt`: two n-tiles of P are one k-step as an A
+// fragment, split in two bf16 terms; V's fragments by ldmatrix.trans (positions as k, dimensions
+// as n).
+template <int NT, int DN, int LD>
+__device__ __forceinline__ void tile_pv(float (&o)[DN][4], const float (&s)[NT][4], const bf16* vt, int lane) {
+    const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vc = (lane >> 4) * 8;
+#pragma unroll
+    for (int kp = 0; kp < NT / 2; kp++) {
+        unsigned ph[4], pl[4];
+        split_bf16(s[2 * kp][0], s[2 * kp][1], ph[0], pl[0]);
+        split_bf16(s[2 * kp][2], s[2 * kp][3], ph[1], pl[1]);
+        split_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1], ph[2], pl[2]);
+        split_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3], ph[3], pl[3]);
+#pragma unroll
+        for (int d = 0; d < DN; d += 2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, vt + (kp * 16 + vr) * LD + d * 8 + vc);
+            mma_bf16(o[d], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+            mma_bf16(o[d], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+            mma_bf16(o[d + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+            mma_bf16(o[d + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+        }
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void attention_prefill_body(
     const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,
@@ -93,17 +204,7 @@ __device__ __forceinline__ void attention_prefill_body(
     const float* qa = qkv + (size_t)(first + min(ra, count - 1)) * ld_qkv + (size_t)head * D;
     const float* qb = qkv + (size_t)(first + min(rb, count - 1)) * ld_qkv + (size_t)head * D;
     unsigned qh[KS][4], ql[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        const float2 a0 = *reinterpret_cast<const float2*>(qa + kk * 16 + c2);
-        const float2 a1 = *reinterpret_cast<const float2*>(qb + kk * 16 + c2);
-        const float2 a2 = *reinterpret_cast<const float2*>(qa + kk * 16 + 8 + c2);
-        const float2 a3 = *reinterpret_cast<const float2*>(qb + kk * 16 + 8 + c2);
-        split_bf16(a0.x * scale, a0.y * scale, qh[kk][0], ql[kk][0]);
-        split_bf16(a1.x * scale, a1.y * scale, qh[kk][1], ql[kk][1]);
-        split_bf16(a2.x * scale, a2.y * scale, qh[kk][2], ql[kk][2]);
-        split_bf16(a3.x * scale, a3.y * scale, qh[kk][3], ql[kk][3]);
-    }
+    q_fragments<KS>(qh, ql, qa, qb, scale, c2);
     float o[DN][4];
 #pragma unroll
     for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -123,25 +224,9 @@ __device__ __forceinline__ void attention_prefill_body(
             const bf16* kt = ks + (j & 1) * ATT_PF_POS * LD;
             const bf16* vt = vs + (j & 1) * ATT_PF_POS * LD;
             float s[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            // S = Q K^T: ldmatrix's four 8x8 matrices are two n-tiles (positions) by two halves
-            // of the k-step (dimensions), each lane's fragments as the mma wants them.
-            const int kr = (lane & 7) + ((lane >> 4) << 3), kc = ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-#pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned b[4];
-                    ldmatrix_x4(b, kt + (n * 8 + kr) * LD + kk * 16 + kc);
-                    mma_bf16(s[n], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[0], b[1]);
-                    mma_bf16(s[n], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[0], b[1]);
-                    mma_bf16(s[n + 1], qh[kk][0], qh[kk][1], qh[kk][2], qh[kk][3], b[2], b[3]);
-                    mma_bf16(s[n + 1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b[2], b[3]);
-                }
-            }
+            tile_scores<KS, NT, LD>(s, qh, ql, kt, lane);
             // Causal mask, then the online softmax of rows a and b (a quad of lanes holds a row).
-            float ta = -INF_F, tb = -INF_F;
+            // Position 0 is in tile 0 and every row's, so the maxima are finite from there on.
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -149,57 +234,10 @@ __device__ __forceinline__ void attention_prefill_body(
                     const int p = p0 + n * 8 + c2 + e;
                     s[n][e] = p <= pa ? s[n][e] : -INF_F;
                     s[n][2 + e] = p <= pb ? s[n][2 + e] : -INF_F;
-                    ta = fmaxf(ta, s[n][e]);
-                    tb = fmaxf(tb, s[n][2 + e]);
                 }
             }
-            ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 1));
-            ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 2));
-            tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
-            tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
-            // Position 0 is in tile 0 and every row's, so the maxima are finite from there on.
-            const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
-            const float ca = expf(ma - na), cb = expf(mb - nb);  // 0 at tile 0
-            ma = na;
-            mb = nb;
-            la *= ca;
-            lb *= cb;
-#pragma unroll
-            for (int d = 0; d < DN; d++) {
-                o[d][0] *= ca;
-                o[d][1] *= ca;
-                o[d][2] *= cb;
-                o[d][3] *= cb;
-            }
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                s[n][0] = expf(s[n][0] - na);
-                s[n][1] = expf(s[n][1] - na);
-                s[n][2] = expf(s[n][2] - nb);
-                s[n][3] = expf(s[n][3] - nb);
-                la += s[n][0] + s[n][1];
-                lb += s[n][2] + s[n][3];
-            }
-            // O += P V: two n-tiles of S are one k-step of P as an A fragment; V's fragments by
-            // ldmatrix.trans (positions as k, dimensions as n).
-            const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vc = (lane >> 4) * 8;
-#pragma unroll
-            for (int kp = 0; kp < NT / 2; kp++) {
-                unsigned ph[4], pl[4];
-                split_bf16(s[2 * kp][0], s[2 * kp][1], ph[0], pl[0]);
-                split_bf16(s[2 * kp][2], s[2 * kp][3], ph[1], pl[1]);
-                split_bf16(s[2 * kp + 1][0], s[2 * kp + 1][1], ph[2], pl[2]);
-                split_bf16(s[2 * kp + 1][2], s[2 * kp + 1][3], ph[3], pl[3]);
-#pragma unroll
-                for (int d = 0; d < DN; d += 2) {
-                    unsigned b[4];
-                    ldmatrix_x4_trans(b, vt + (kp * 16 + vr) * LD + d * 8 + vc);
-                    mma_bf16(o[d], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-                    mma_bf16(o[d], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-                    mma_bf16(o[d + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-                    mma_bf16(o[d + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-                }
-            }
+            tile_softmax<NT, DN>(s, o, ma, mb, la, lb);
+            tile_pv<NT, DN, LD>(o, s, vt, lane);
         }
         __syncthreads();  // the stage just read is the one the next iteration fills
     }

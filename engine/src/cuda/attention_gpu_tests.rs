@@ -27,6 +27,17 @@ fn config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
     .unwrap()
 }
 
+/// (heads, KV heads, head dim, block size): the 8B's and Nemotron-H's, the 1B's, Qwen2.5's seven
+/// query heads per KV head, the tiny units', and block sizes that do not divide a K/V tile
+/// (vLLM's 1,040 on Nemotron-H among them).
+const SHAPES: [(usize, usize, usize, usize); 5] = [
+    (8, 2, 128, 16),
+    (8, 2, 64, 16),
+    (14, 2, 64, 7),
+    (4, 2, 32, 1040),
+    (4, 2, 16, 3),
+];
+
 /// A paged cache of `blocks` blocks and the prompts' block tables, the blocks of each prompt
 /// scattered (every third block, from its own offset).
 struct Cache {
@@ -61,6 +72,19 @@ impl Cache {
             v,
             tables,
         }
+    }
+
+    /// Device copies of the cache (K, V, block tables) and of the pass (queries, positions,
+    /// row tables), in that order.
+    fn upload(&self, pass: &Pass) -> [DevBuf; 6] {
+        [
+            upload(&self.k.0),
+            upload(&self.v.0),
+            upload(&self.tables),
+            upload(&pass.qkv),
+            upload(&pass.positions),
+            upload(&pass.row_table),
+        ]
     }
 
     fn at(&self, table: usize, kvh: usize, pos: usize) -> usize {
@@ -149,12 +173,7 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
     let (_ctx, stream, _) = gpu().unwrap();
     let module = module(&_ctx);
     let cfg = &c.cfg;
-    let (kd, vd, td) = (upload(&c.k.0), upload(&c.v.0), upload(&c.tables));
-    let (qd, pd, rd) = (
-        upload(&pass.qkv),
-        upload(&pass.positions),
-        upload(&pass.row_table),
-    );
+    let [kd, vd, td, qd, pd, rd] = c.upload(pass);
     let tiles = plan::attention_prefill_tiles(&pass.segments);
     let tiles_d = upload(tiles.as_flattened());
     let n_out = pass.rows * cfg.q_dim();
@@ -228,16 +247,7 @@ fn prefill_attention_matches_the_reference_and_the_decode_kernel() {
     if gpu().is_none() {
         return;
     }
-    // (heads, KV heads, head dim, block size): the 8B's and Nemotron-H's, the 1B's, Qwen2.5's
-    // seven query heads per KV head, the tiny units', and block sizes that do not divide a
-    // K/V tile (vLLM's 1,040 on Nemotron-H among them).
-    for (heads, kvh, d, bs) in [
-        (8, 2, 128, 16),
-        (8, 2, 64, 16),
-        (14, 2, 64, 7),
-        (4, 2, 32, 1040),
-        (4, 2, 16, 3),
-    ] {
+    for (heads, kvh, d, bs) in SHAPES {
         let c = Cache::new(config(heads, kvh, d), bs, 4, 400);
         // One row; a tile's worth and one past it; a long prompt; and prompt 3's positions
         // 130..330, its first 130 as a first piece would have left them in the cache.
@@ -251,14 +261,7 @@ fn prefill_attention_matches_the_reference_and_the_decode_kernel() {
             "({heads}, {kvh}, {d}, {bs}): prefill attention off the f64 reference by {e:.2e} of its scale (decode kernel: {e_old:.2e})"
         );
         assert!(e_old < 2e-5, "decode kernel off by {e_old:.2e}");
-        // Its bf16 output is its f32 output rounded.
-        for (k, (&b, &f)) in got_b.iter().zip(&got).enumerate() {
-            assert_eq!(
-                b,
-                half::bf16::from_f32(f).to_bits(),
-                "bf16 output {k} is not the f32 one rounded"
-            );
-        }
+        assert_bf16_is_f32_rounded(&got_b, &got);
         eprintln!("({heads}, {kvh}, {d}, {bs}): error {e:.2e}, decode kernel's {e_old:.2e}");
     }
 }
@@ -295,12 +298,7 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
     let (_ctx, stream, _) = gpu().unwrap();
     let module = module(&_ctx);
     let cfg = &c.cfg;
-    let (kd, vd, td) = (upload(&c.k.0), upload(&c.v.0), upload(&c.tables));
-    let (qd, pd, rd) = (
-        upload(&pass.qkv),
-        upload(&pass.positions),
-        upload(&pass.row_table),
-    );
+    let [kd, vd, td, qd, pd, rd] = c.upload(pass);
     let n_out = pass.rows * cfg.q_dim();
     let (of, ob) = (
         DevBuf::zeroed(4 * n_out).unwrap(),
@@ -352,13 +350,7 @@ fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
     if gpu().is_none() {
         return;
     }
-    for (heads, kvh, d, bs) in [
-        (8, 2, 128, 16),
-        (8, 2, 64, 16),
-        (14, 2, 64, 7),
-        (4, 2, 32, 1040),
-        (4, 2, 16, 3),
-    ] {
+    for (heads, kvh, d, bs) in SHAPES {
         // Contexts of one position, of less than a chunk, of one split and one chunk past it,
         // of several splits, and past MAX_SPLITS splits of ATT_BATCH_SPLIT (longer shares).
         let long = plan::MAX_SPLITS * plan::ATT_BATCH_SPLIT + 300;
@@ -376,13 +368,7 @@ fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
             e < 1e-4,
             "({heads}, {kvh}, {d}, {bs}): batch attention off the f64 reference by {e:.2e} of its scale"
         );
-        for (k, (&b, &f)) in got_b.iter().zip(&got).enumerate() {
-            assert_eq!(
-                b,
-                half::bf16::from_f32(f).to_bits(),
-                "bf16 output {k} is not the f32 one rounded"
-            );
-        }
+        assert_bf16_is_f32_rounded(&got_b, &got);
         // Each row alone gives the bits it gave among the others.
         let q = c.cfg.q_dim();
         for (r, &row) in rows.iter().enumerate() {
@@ -394,5 +380,16 @@ fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
             );
         }
         eprintln!("({heads}, {kvh}, {d}, {bs}): batch attention error {e:.2e}");
+    }
+}
+
+/// A kernel's bf16 output is its f32 output rounded.
+fn assert_bf16_is_f32_rounded(got_b: &[u16], got: &[f32]) {
+    for (k, (&b, &f)) in got_b.iter().zip(got).enumerate() {
+        assert_eq!(
+            b,
+            half::bf16::from_f32(f).to_bits(),
+            "bf16 output {k} is not the f32 one rounded"
+        );
     }
 }
