@@ -17,10 +17,10 @@
 // two bf16 terms through two mma into f32 accumulators, and K and V are the cache's bf16, as in
 // attention_prefill.cu. out: [rows][H * D], f32 and/or bf16 (null: not written). Dynamic shared
 // memory: plan.rs attention_batch_smem_bytes.
-static_assert(ATT_BATCH_SPLIT % 16 == 0, "a split is whole chunks of 16 positions");
 #define ATT_BATCH_WARPS 4
 
-template <int D>
+// SPLIT: positions per split (the engine's ATT_BATCH_SPLIT; scripts/gemv-bench times others).
+template <int D, int SPLIT>
 __device__ __forceinline__ void attention_batch_body(
     const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int* __restrict__ positions, const int* __restrict__ row_table, const int* __restrict__ block_tables,
@@ -38,7 +38,8 @@ __device__ __forceinline__ void attention_batch_body(
     const int g = num_heads / num_kv_heads;
     bf16* stages = reinterpret_cast<bf16*>(att_batch_smem) + warp * 2 * STAGE;
     const int pos = positions[row], ctx = pos + 1, chunks = (ctx + 15) / 16;
-    const int used = min(S, (ctx + ATT_BATCH_SPLIT - 1) / ATT_BATCH_SPLIT);
+    static_assert(SPLIT % 16 == 0, "a split is whole chunks of 16 positions");
+    const int used = min(S, (ctx + SPLIT - 1) / SPLIT);
     if (z >= used) return;
     // used <= chunks, so no split is empty.
     const int c_begin = (int)((long long)z * chunks / used), c_end = (int)((long long)(z + 1) * chunks / used);
@@ -162,19 +163,20 @@ __device__ __forceinline__ void attention_batch_body(
     }
 }
 
-#define ATT_BATCH_KERNEL(D)                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) attention_batch_d##D(            \
+// NAME: the kernel for head dim D at SPLIT positions a split.
+#define ATT_BATCH_KERNEL(NAME, D, SPLIT)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) NAME(                            \
         const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,                    \
         const bf16* __restrict__ v_cache, const int* __restrict__ positions,                            \
         const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,        \
         int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ part_o,       \
         float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32,             \
         bf16* __restrict__ out_bf16) {                                                                  \
-        attention_batch_body<D>(qkv, ld_qkv, k_cache, v_cache, positions, row_table, block_tables,     \
-                                max_blocks, num_heads, num_kv_heads, block_size, scale, part_o,         \
-                                part_ml, counts, out_f32, out_bf16);                                    \
+        attention_batch_body<D, SPLIT>(qkv, ld_qkv, k_cache, v_cache, positions, row_table,             \
+                                       block_tables, max_blocks, num_heads, num_kv_heads, block_size,   \
+                                       scale, part_o, part_ml, counts, out_f32, out_bf16);              \
     }
-ATT_BATCH_KERNEL(16)
-ATT_BATCH_KERNEL(32)
-ATT_BATCH_KERNEL(64)
-ATT_BATCH_KERNEL(128)
+ATT_BATCH_KERNEL(attention_batch_d16, 16, ATT_BATCH_SPLIT)
+ATT_BATCH_KERNEL(attention_batch_d32, 32, ATT_BATCH_SPLIT)
+ATT_BATCH_KERNEL(attention_batch_d64, 64, ATT_BATCH_SPLIT)
+ATT_BATCH_KERNEL(attention_batch_d128, 128, ATT_BATCH_SPLIT)

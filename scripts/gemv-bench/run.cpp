@@ -10,10 +10,12 @@
 //                               /tmp/gb kernels.cubin [filter | seq]
 // seq takes SEQ_MODEL (1b, 8b), SEQ_CTX (16, 64, 256, 1000) and SEQ_VARIANT (full, no_att, ...)
 // from the environment to run one part only.
-// With the filter `att`: decode attention alone at batches 8 and 32 over a paged cache, the
-// engine's attention.cu (a block per split) against its attention_batch.cu (tensor cores),
-// each row's context 1,000 + 64 or 16 + 64 positions (engine bench's prompt lengths halfway
-// through its batch runs) or all long, each 32 splits deep as the engine launches them: time
+// With the filter `att`: decode attention alone at batches 1, 8 and 32 over a paged cache, the
+// engine's attention.cu (a block per split) against its attention_batch.cu (tensor cores) at
+// splits of 256 (the engine's), 64 and 128 positions, each row's context 1,000 + 64 or 16 + 64
+// positions alternating (engine bench's prompt lengths halfway through its batch runs), all
+// long or all short, each 32 splits deep as the engine launches them (attention.cu without its
+// folded RoPE, attention_batch.cu without the rope_kv launch it needs before it): time
 // per launch, K/V read rate, and the largest difference from the engine's output relative to its
 // largest magnitude.
 #include <cuda.h>
@@ -265,16 +267,23 @@ static void att_bench() {
         char name[32];
         snprintf(name, sizeof name, "attention_g%d", g);
         CUfunction feng = fn(name);
-        snprintf(name, sizeof name, "attention_batch_d%d", m.D);
-        CUfunction ftc = fn(name);
-        if (!feng || !ftc) { fprintf(stderr, "att: missing a kernel for %s\n", m.name); exit(1); }
+        // attention_batch.cu at the engine's split and (variants.cu) at 64 and 128 positions.
+        std::vector<std::pair<std::string, CUfunction>> tcs;
+        for (const char* v : {"", "_s64", "_s128"}) {
+            snprintf(name, sizeof name, "attention_batch%s_d%d", v, m.D);
+            tcs.push_back({std::string("batch") + v, fn(name)});
+        }
+        if (!feng) { fprintf(stderr, "att: missing a kernel for %s\n", m.name); exit(1); }
+        for (auto& t : tcs) if (!t.second) { fprintf(stderr, "att: missing %s for %s\n", t.first.c_str(), m.name); exit(1); }
         const unsigned eng_smem = 4 * (gd + 4 * gd + 4 * g * 2);  // plan.rs attention_smem_bytes
         const unsigned tc_smem = 4 * 2 * 2 * 16 * (m.D + 8) * 2;   // plan.rs attention_batch_smem_bytes
-        CK(cuFuncSetAttribute(ftc, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tc_smem));
-        for (int B : {8, 32}) {
-            for (const char* mix : {"mixed", "long"}) {
+        for (auto& t : tcs) CK(cuFuncSetAttribute(t.second, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tc_smem));
+        for (int B : {1, 8, 32}) {
+            for (const char* mix : {"mixed", "long", "short"}) {
+                if (B == 1 && strcmp(mix, "mixed") == 0) continue;  // row 0 is long: "long"
                 std::vector<int> ctx(B);
-                for (int r = 0; r < B; r++) ctx[r] = (strcmp(mix, "long") == 0 || r % 2 == 0) ? 1064 : 80;
+                for (int r = 0; r < B; r++)
+                    ctx[r] = strcmp(mix, "short") == 0 ? 80 : (strcmp(mix, "long") == 0 || r % 2 == 0) ? 1064 : 80;
                 const int max_blocks = (1064 + bs - 1) / bs;
                 int nblocks = 0;
                 for (int c : ctx) nblocks += (c + bs - 1) / bs;
@@ -348,14 +357,17 @@ static void att_bench() {
                 };
                 report("engine", eng, 0.0);
                 // attention_batch.cu as the cuBLAS step launches it (after rope_kv): 32 splits deep.
-                auto tc = [&] { next_copy(); launch3(ftc, 32, tc_smem, ta); };
-                CK(cuMemsetD8(otc, 0, nout * 4));
-                turn = copies - 1;
-                tc(); CK(cuStreamSynchronize(stream));
-                CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
-                double diff = 0;
-                for (size_t i = 0; i < nout; i++) diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
-                report("batch", tc, diff / big);
+                for (auto& t : tcs) {
+                    CUfunction ftc = t.second;
+                    auto tc = [&] { next_copy(); launch3(ftc, 32, tc_smem, ta); };
+                    CK(cuMemsetD8(otc, 0, nout * 4));
+                    turn = copies - 1;
+                    tc(); CK(cuStreamSynchronize(stream));
+                    CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
+                    double diff = 0;
+                    for (size_t i = 0; i < nout; i++) diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+                    report(t.first, tc, diff / big);
+                }
                 for (CUdeviceptr d : {kc0, vc0, qkv, pos, rowt, tab, part_o, part_ml, counts, oeng, otc}) CK(cuMemFree(d));
             }
         }

@@ -65,3 +65,10 @@ extern "C" __global__ void fill_f32(float* p, size_t n, unsigned seed) {
     MMAS(B, 3, 4) MMAS(B, 3, 8) MMAS(B, 4, 1) MMAS(B, 4, 2)
 MMAS_B(1)
 MMAS_B(8)
+
+// attention_batch.cu at other split lengths than the engine's ATT_BATCH_SPLIT, for run.cpp's
+// `att` (the same kernel otherwise).
+ATT_BATCH_KERNEL(attention_batch_s64_d64, 64, 64)
+ATT_BATCH_KERNEL(attention_batch_s128_d64, 64, 128)
+ATT_BATCH_KERNEL(attention_batch_s64_d128, 128, 64)
+ATT_BATCH_KERNEL(attention_batch_s128_d128, 128, 128)
