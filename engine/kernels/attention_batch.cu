@@ -20,15 +20,23 @@
 #define ATT_BATCH_WARPS 4
 
 // SPLIT: positions per split (the engine's ATT_BATCH_SPLIT; scripts/gemv-bench times others).
-template <int D, int SPLIT>
+// ROPE (scripts/gemv-bench only, for now): the kernel also does rope_kv's work for its row, as
+// attention.cu's decode does (bias, q/k norm and rotation of the group's query heads in shared
+// memory, after the stages; the last split's block writes the new position's K and V to the
+// cache and puts them into its staged chunk over what the cache held there).
+template <int D, int SPLIT, bool ROPE>
 __device__ __forceinline__ void attention_batch_body(
-    const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int* __restrict__ positions, const int* __restrict__ row_table, const int* __restrict__ block_tables,
     int max_blocks, int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {
+    float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16,
+    const bf16* __restrict__ bias, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, float eps,
+    const float* __restrict__ inv_freq) {
     constexpr int KS = D / 16, DN = D / 8, LD = D + 8, STAGE = 2 * 16 * LD;
     extern __shared__ __align__(16) unsigned char att_batch_smem[];
     __shared__ int ticket;
+    float freq[2] = {0.0f, 0.0f};
+    if (ROPE) rope_freqs(inv_freq, D / 2, threadIdx.x & 31, freq);
     pdl_launch_dependents();
     pdl_wait();
     // Block y holds query group y and reads KV head kvh: the same one but under FAULT_KV_GROUP.
@@ -68,8 +76,38 @@ __device__ __forceinline__ void attention_batch_body(
     // + 8 of the group.
     const int gr = lane >> 2, c2 = 2 * (lane & 3);
     const float* q = qkv + (size_t)row * ld_qkv + (size_t)qg * g * D;
+    // ROPE: the group's query heads [g][D] and the new k and v [2][D], f32, past the stages; the
+    // new k and v as cached (bf16) past them.
+    float* qs = reinterpret_cast<float*>(att_batch_smem + (size_t)ATT_BATCH_WARPS * 2 * STAGE * 2);
+    bf16* kv_new = reinterpret_cast<bf16*>(qs + (g + 2) * D);
+    const bool writes_kv = ROPE && z == used - 1;
+    if (ROPE) {
+        const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * D;
+        for (int i = threadIdx.x; i < g * D; i += blockDim.x) qs[i] = q[i];
+        if (writes_kv)
+            for (int i = threadIdx.x; i < 2 * D; i += blockDim.x) qs[g * D + i] = kv[(i / D) * num_kv_heads * D + i % D];
+        __syncthreads();
+        const RopeAngles rot = rope_angles(freq, pos + ATT_DECODE_ROPE_SHIFT);
+        for (int h = warp; h < g; h += ATT_BATCH_WARPS)
+            rope_head(qs + h * D, qg * g + h, num_heads, num_kv_heads, D, bias, q_norm, k_norm, eps, rot, lane);
+        if (writes_kv && warp < 2) {
+            // Warp 0: k, warp 1: v, as rope_kv writes them.
+            float* v = qs + (g + warp) * D;
+            rope_head(v, num_heads + warp * num_kv_heads + kvh, num_heads, num_kv_heads, D, bias, q_norm, k_norm,
+                      eps, rot, lane);
+            bf16* dst = (warp == 0 ? k_cache : v_cache) + (size_t)table[pos / block_size] * block_stride +
+                        (size_t)kvh * head_stride + (size_t)(pos % block_size) * D;
+            for (int d = lane; d < D; d += 32) {
+                const bf16 b = f2bf(v[d]);
+                dst[d] = b;
+                kv_new[warp * D + d] = b;
+            }
+        }
+        __syncthreads();
+    }
     unsigned qh[KS][4], ql[KS][4];
-    q_fragments<KS>(qh, ql, gr < g ? q + gr * D : nullptr, gr + 8 < g ? q + (gr + 8) * D : nullptr, scale, c2);
+    const float* qsrc = ROPE ? qs : q;
+    q_fragments<KS>(qh, ql, gr < g ? qsrc + gr * D : nullptr, gr + 8 < g ? qsrc + (gr + 8) * D : nullptr, scale, c2);
     float o[DN][4];
 #pragma unroll
     for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -83,8 +121,16 @@ __device__ __forceinline__ void attention_batch_body(
             cp_async_wait<0>();
         }
         __syncwarp();
-        const bf16* kt = stages + s * STAGE;
-        const bf16* vt = kt + 16 * LD;
+        bf16* kt = stages + s * STAGE;
+        bf16* vt = kt + 16 * LD;
+        if (writes_kv && c == pos / 16) {
+            // The new position's k and v over what the cache held when the chunk was staged.
+            for (int i = lane; i < D / 8; i += 32) {
+                reinterpret_cast<uint4*>(kt + (pos % 16) * LD)[i] = reinterpret_cast<const uint4*>(kv_new)[i];
+                reinterpret_cast<uint4*>(vt + (pos % 16) * LD)[i] = reinterpret_cast<const uint4*>(kv_new + D)[i];
+            }
+            __syncwarp();
+        }
         // The chunk's 16 positions are two n-tiles of S and one k-step of P.V. Positions past the
         // context masked; the chunk's first position is in it, so the maxima are finite.
         float sc[2][4];
@@ -163,18 +209,19 @@ __device__ __forceinline__ void attention_batch_body(
     }
 }
 
-// NAME: the kernel for head dim D at SPLIT positions a split.
+// NAME: the kernel for head dim D at SPLIT positions a split, its rows rotated and their K/V
+// written by rope_kv before it.
 #define ATT_BATCH_KERNEL(NAME, D, SPLIT)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) NAME(                            \
-        const float* __restrict__ qkv, int ld_qkv, const bf16* __restrict__ k_cache,                    \
-        const bf16* __restrict__ v_cache, const int* __restrict__ positions,                            \
-        const int* __restrict__ row_table, const int* __restrict__ block_tables, int max_blocks,        \
-        int num_heads, int num_kv_heads, int block_size, float scale, float* __restrict__ part_o,       \
-        float* __restrict__ part_ml, int* __restrict__ counts, float* __restrict__ out_f32,             \
-        bf16* __restrict__ out_bf16) {                                                                  \
-        attention_batch_body<D, SPLIT>(qkv, ld_qkv, k_cache, v_cache, positions, row_table,             \
-                                       block_tables, max_blocks, num_heads, num_kv_heads, block_size,   \
-                                       scale, part_o, part_ml, counts, out_f32, out_bf16);              \
+        const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
+        const int* __restrict__ positions, const int* __restrict__ row_table,                           \
+        const int* __restrict__ block_tables, int max_blocks, int num_heads, int num_kv_heads,          \
+        int block_size, float scale, float* __restrict__ part_o, float* __restrict__ part_ml,           \
+        int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {           \
+        attention_batch_body<D, SPLIT, false>(qkv, ld_qkv, k_cache, v_cache, positions, row_table,      \
+                                              block_tables, max_blocks, num_heads, num_kv_heads,        \
+                                              block_size, scale, part_o, part_ml, counts, out_f32,      \
+                                              out_bf16, nullptr, nullptr, nullptr, 0.0f, nullptr);      \
     }
 ATT_BATCH_KERNEL(attention_batch_d16, 16, ATT_BATCH_SPLIT)
 ATT_BATCH_KERNEL(attention_batch_d32, 32, ATT_BATCH_SPLIT)

@@ -15,7 +15,9 @@
 // splits of 256 (the engine's), 64 and 128 positions, each row's context 1,000 + 64 or 16 + 64
 // positions alternating (engine bench's prompt lengths halfway through its batch runs), all
 // long or all short, each 32 splits deep as the engine launches them (attention.cu without its
-// folded RoPE, attention_batch.cu without the rope_kv launch it needs before it): time
+// folded RoPE, attention_batch.cu without the rope_kv launch it needs before it); then both
+// with the rotation and K/V write folded in (engine_rope, batch_rope*: attention_batch.cu's
+// ROPE instantiations in variants.cu, against engine_rope's output): time
 // per launch, K/V read rate, and the largest difference from the engine's output relative to its
 // largest magnitude.
 #include <cuda.h>
@@ -356,17 +358,50 @@ static void att_bench() {
                     fflush(stdout);
                 };
                 report("engine", eng, 0.0);
+                // One launch of `body` over copy 0 into otc: its largest difference from `a`,
+                // relative to a's largest magnitude.
+                auto checked = [&](const std::function<void()>& body) {
+                    CK(cuMemsetD8(otc, 0, nout * 4));
+                    turn = copies - 1;
+                    body(); CK(cuStreamSynchronize(stream));
+                    CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
+                    double diff = 0;
+                    for (size_t i = 0; i < nout; i++) diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+                    return diff / big;
+                };
                 // attention_batch.cu as the cuBLAS step launches it (after rope_kv): 32 splits deep.
                 for (auto& t : tcs) {
                     CUfunction ftc = t.second;
                     auto tc = [&] { next_copy(); launch3(ftc, 32, tc_smem, ta); };
-                    CK(cuMemsetD8(otc, 0, nout * 4));
+                    report(t.first, tc, checked(tc));
+                }
+                // RoPE folded in on both sides: attention.cu as decode launches it (rotation, K/V
+                // write) against attention_batch.cu doing the same (variants.cu's ROPE
+                // instantiations), the differences against the former.
+                {
+                    std::vector<float> f(m.D / 2);
+                    for (int i = 0; i < m.D / 2; i++) f[i] = std::pow(500000.0f, -2.0f * i / m.D);
+                    CUdeviceptr invf;
+                    CK(cuMemAlloc(&invf, f.size() * 4)); CK(cuMemcpyHtoD(invf, f.data(), f.size() * 4));
+                    void* er[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &hd, &bsz, &scale,
+                                  &part_o, &part_ml, &counts, &oeng, &nul, &nul, &nul, &nul, &eps, &invf};
+                    auto eng_rope = [&] { next_copy(); launch3(feng, 32, eng_smem, er); };
                     turn = copies - 1;
-                    tc(); CK(cuStreamSynchronize(stream));
-                    CK(cuMemcpyDtoH(b.data(), otc, nout * 4));
-                    double diff = 0;
-                    for (size_t i = 0; i < nout; i++) diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
-                    report(t.first, tc, diff / big);
+                    eng_rope(); CK(cuStreamSynchronize(stream));
+                    CK(cuMemcpyDtoH(a.data(), oeng, nout * 4));
+                    report("engine_rope", eng_rope, 0.0);
+                    const unsigned rope_smem = tc_smem + (g + 2) * m.D * 4 + 2 * m.D * 2;
+                    void* br[] = {&qkv, &ldq, &kc, &vc, &pos, &rowt, &tab, &mb, &nh, &nk, &bsz, &scale,
+                                  &part_o, &part_ml, &counts, &otc, &nul, &nul, &nul, &nul, &eps, &invf};
+                    for (const char* v : {"", "_s64", "_s128"}) {
+                        snprintf(name, sizeof name, "attention_batch_rope%s_d%d", v, m.D);
+                        CUfunction fr = fn(name);
+                        if (!fr) { fprintf(stderr, "att: missing %s\n", name); exit(1); }
+                        CK(cuFuncSetAttribute(fr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, rope_smem));
+                        auto tr = [&] { next_copy(); launch3(fr, 32, rope_smem, br); };
+                        report(std::string("batch_rope") + v, tr, checked(tr));
+                    }
+                    CK(cuMemFree(invf));
                 }
                 for (CUdeviceptr d : {kc0, vc0, qkv, pos, rowt, tab, part_o, part_ml, counts, oeng, otc}) CK(cuMemFree(d));
             }
