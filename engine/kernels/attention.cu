@@ -58,6 +58,24 @@ __device__ __forceinline__ bool att_last_split(int* count, int used, int& ticket
     return true;
 }
 
+// Decode's new position, by warp 0 (k) or 1 (v) of the block that holds it: its raw values at
+// `v` (f32) get their bias, norm and rotation as rope_kv gives them (rope_head), and are written
+// to the cache at `at` and, as cached (bf16), to kv_new[warp][head_dim] for the block's own use.
+__device__ __forceinline__ void att_new_kv(float* v, int warp, int kvh, int num_heads, int num_kv_heads, int head_dim,
+                                           const bf16* __restrict__ bias, const bf16* __restrict__ q_norm,
+                                           const bf16* __restrict__ k_norm, float eps, const RopeAngles& rot, int lane,
+                                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, size_t at,
+                                           bf16* kv_new) {
+    rope_head(v, num_heads + warp * num_kv_heads + kvh, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps,
+              rot, lane);
+    bf16* dst = (warp == 0 ? k_cache : v_cache) + at;
+    for (int d = lane; d < head_dim; d += 32) {
+        const bf16 b = f2bf(v[d]);
+        dst[d] = b;
+        kv_new[warp * head_dim + d] = b;
+    }
+}
+
 __device__ __forceinline__ int att_splits(int ctx, int max_splits) {
     return min(max_splits, max(1, (ctx + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN));
 }
@@ -184,18 +202,12 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
             rope_head(qh, qg * g + h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
             for (int d = lane; d < head_dim; d += 32) qh[d] *= scale;
         }
-        if (writes_kv && warp < 2) {
-            const int h = num_heads + warp * num_kv_heads + kvh;  // warp 0: k, warp 1: v
-            float* v = wo + warp * head_dim;
-            rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);
-            bf16* dst = (warp == 0 ? k_cache : v_cache) + (size_t)new_block * block_stride +
-                        (size_t)kvh * head_stride + (size_t)(pos % block_size) * head_dim;
-            for (int d = lane; d < head_dim; d += 32) {
-                const bf16 b = f2bf(v[d]);
-                dst[d] = b;
-                kv_new[warp * head_dim + d] = b;
-            }
-        }
+        if (writes_kv && warp < 2)
+            att_new_kv(wo + warp * head_dim, warp, kvh, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps,
+                       rot, lane, k_cache, v_cache,
+                       (size_t)new_block * block_stride + (size_t)kvh * head_stride +
+                           (size_t)(pos % block_size) * head_dim,
+                       kv_new);
         __syncthreads();
     }
     uint4 k_new = zero, v_new = zero;

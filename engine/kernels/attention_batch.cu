@@ -90,19 +90,12 @@ __device__ __forceinline__ void attention_batch_body(
         const RopeAngles rot = rope_angles(freq, pos + ATT_DECODE_ROPE_SHIFT);
         for (int h = warp; h < g; h += ATT_BATCH_WARPS)
             rope_head(qs + h * D, qg * g + h, num_heads, num_kv_heads, D, bias, q_norm, k_norm, eps, rot, lane);
-        if (writes_kv && warp < 2) {
-            // Warp 0: k, warp 1: v, as rope_kv writes them.
-            float* v = qs + (g + warp) * D;
-            rope_head(v, num_heads + warp * num_kv_heads + kvh, num_heads, num_kv_heads, D, bias, q_norm, k_norm,
-                      eps, rot, lane);
-            bf16* dst = (warp == 0 ? k_cache : v_cache) + (size_t)table[pos / block_size] * block_stride +
-                        (size_t)kvh * head_stride + (size_t)(pos % block_size) * D;
-            for (int d = lane; d < D; d += 32) {
-                const bf16 b = f2bf(v[d]);
-                dst[d] = b;
-                kv_new[warp * D + d] = b;
-            }
-        }
+        if (writes_kv && warp < 2)
+            att_new_kv(qs + (g + warp) * D, warp, kvh, num_heads, num_kv_heads, D, bias, q_norm, k_norm, eps, rot,
+                       lane, k_cache, v_cache,
+                       (size_t)table[pos / block_size] * block_stride + (size_t)kvh * head_stride +
+                           (size_t)(pos % block_size) * D,
+                       kv_new);
         __syncthreads();
     }
     unsigned qh[KS][4], ql[KS][4];

@@ -316,9 +316,7 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
     )
     .unwrap()
     .unwrap();
-    // Twice: the merging blocks leave `counts` zero for the next launch, which must agree.
-    let mut outs = Vec::new();
-    for _ in 0..2 {
+    let launch_once = || {
         launch!(&f, &stream, false,
             (pass.rows as u32, cfg.num_kv_heads as u32, plan::MAX_SPLITS as u32),
             32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(cfg.head_dim);
@@ -330,15 +328,16 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
         of.read(&mut got, &stream).unwrap();
         let mut got_b = vec![0u16; n_out];
         ob.read(&mut got_b, &stream).unwrap();
-        outs.push((got, got_b));
-    }
-    let second = outs.pop().unwrap();
-    let first = outs.pop().unwrap();
+        (got, got_b)
+    };
+    // Twice: the merging blocks leave `counts` zero for the next launch, which must agree.
+    let first = launch_once();
+    let (second, _) = launch_once();
     assert!(
         first
             .0
             .iter()
-            .zip(&second.0)
+            .zip(&second)
             .all(|(a, b)| a.to_bits() == b.to_bits()),
         "a second launch over the same inputs differs: the split tickets were not reset"
     );
