@@ -1,5 +1,5 @@
 //! The residual decode GEMV on a GPU, on the CUDA cores (mode 1) and on the tensor cores
-//! (mode 7), and the lm_head's GEMV and argmax on both (modes 5 and 12): each against an f64
+//! (mode 7) at every split of K the tuning may choose, and the lm_head's GEMV and argmax on both (modes 5 and 12): each against an f64
 //! reference, and batch row b at batch 8 the same bits as that row alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the
 //! GPU box (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
 
@@ -138,9 +138,10 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
     };
     let module = module(&ctx);
     const B: usize = plan::MAX_GEMV_BATCH;
-    // The 8B's down (one round of tiles) and a taller matrix (two rounds: both halves of the
-    // tensor-core kernel's double-buffered reduction).
-    for (rows, cols) in [(4096, 14336), (8192, 4096)] {
+    // The 8B's down (one round of tiles), a taller matrix (two rounds: both halves of the
+    // tensor-core kernel's double-buffered reduction) and Qwen3-4B's down (K in 76 steps).
+    let mut failed = Vec::new();
+    for (rows, cols) in [(4096, 14336), (8192, 4096), (2560, 9728)] {
         assert!(plan::tensor_cores_fit(rows, cols));
         let w = bf16_weights(rows * cols, rows as u64);
         let x = values(B * cols, 7);
@@ -165,16 +166,11 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                 scale[b * rows + r] = q;
             }
         }
-        let stream_launch = plan::GemvLaunch {
-            mode: plan::GemvMode::Residual,
-            ksplit: plan::gemv_ksplit(rows, cols, false),
-            units: rows,
-        };
-        // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
-        let mma = plan::mma_ksplits(cols)
+        // The CUDA cores and the tensor cores, each at every split of K the tuning may choose.
+        let launches = super::tune::kernels_for(plan::GemvMode::Residual, rows, cols)
             .into_iter()
             .map(|k| plan::gemv_launch(rows, cols, plan::GemvMode::Residual, 1, Some(k)));
-        for l in std::iter::once(stream_launch).chain(mma) {
+        for l in launches {
             let name = |b: usize| l.mode.kernel(b);
             let f8 = kernels::function(&module, &name(B)).unwrap();
             let f1 = kernels::function(&module, &name(1)).unwrap();
@@ -188,11 +184,16 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
                 .zip(&scale)
                 .map(|((&y, &t), &s)| (y as f64 - t).abs() / s)
                 .fold(0f64, f64::max);
-            assert!(
-                worst < 1e-4,
-                "mode {:?} {rows}x{cols}: error {worst:e} of the products' norm",
-                l.mode
+            eprintln!(
+                "mode {:?} ksplit {} {rows}x{cols}: error {worst:e} of the products' norm",
+                l.mode, l.ksplit
             );
+            if worst >= 1e-4 {
+                failed.push(format!(
+                    "mode {:?} ksplit {} {rows}x{cols}: {worst:e}",
+                    l.mode, l.ksplit
+                ));
+            }
             for b in 0..B {
                 let alone = g.run(&f1, l, 1, b);
                 let at8 = &got[b * rows..(b + 1) * rows];
@@ -208,6 +209,10 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
             }
         }
     }
+    assert!(
+        failed.is_empty(),
+        "over 1e-4 of the products' norm: {failed:?}"
+    );
 }
 
 /// The lm_head on the CUDA cores and on the tensor cores, as the verify request runs it (the
@@ -243,11 +248,13 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
         let partsd =
             dev(B * 2 * plan::gemv_blocks(rows, plan::lm_head_ksplit(rows, cols)) as usize * 4);
         // The CUDA cores, and the tensor cores at every split of K the tuning may choose.
-        let splits = plan::mma_ksplits(cols).into_iter().map(Some);
-        for tc in std::iter::once(None).chain(splits) {
-            let l = plan::gemv_launch(rows, cols, plan::GemvMode::LmHead, 1, tc);
+        for tc in super::tune::kernels_for(plan::GemvMode::LmHead, rows, cols) {
+            let l = plan::gemv_launch(rows, cols, plan::GemvMode::LmHead, 1, Some(tc));
             assert!(l.mode.is_lm_head());
-            assert_eq!(l.mode == plan::GemvMode::LmHeadMma, tc.is_some());
+            assert_eq!(
+                l.mode == plan::GemvMode::LmHeadMma,
+                matches!(tc, plan::GemvKernel::TensorCores(_))
+            );
             // (logits [batch][rows], the argmax from the candidates, per b)
             let run = |batch: usize, x_row: usize| -> (Vec<f32>, Vec<usize>) {
                 let f = kernels::function(&module, &l.mode.logits_kernel(batch)).unwrap();

@@ -142,23 +142,23 @@ impl CudaBackend {
             g,
             batch,
             parts,
-            self.tuning.tensor_cores(g.mode, rows, cols, batch),
+            self.tuning.kernel(g.mode, rows, cols, batch),
         )?;
         self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
         Ok(grid)
     }
 
-    /// `g` on the tensor cores (Some(warps per tile)) or the CUDA cores, without the profiler's
-    /// mark (the tuning times it).
+    /// `g` on `kernel` (none: plan.rs `gemv_launch`'s default), without the profiler's mark (the
+    /// tuning times it).
     pub(super) fn gemv_on(
         &self,
         g: &Gemv,
         batch: usize,
         parts: u64,
-        tensor_cores: Option<usize>,
+        kernel: Option<plan::GemvKernel>,
     ) -> Result<u32> {
         let (rows, cols) = g.shape();
-        let l = plan::gemv_launch(rows, cols, g.mode, batch, tensor_cores);
+        let l = plan::gemv_launch(rows, cols, g.mode, batch, kernel);
         let grid = l.grid(self.f.resident[l.mode.index()][batch - 1]);
         // The logits variant runs after a graph launch, outside the step: no PDL.
         let (f, pdl) = if g.logits {

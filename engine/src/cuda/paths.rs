@@ -5,8 +5,8 @@
 //! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
 //! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
 //! shapes and the batch timed, so a machine times a model once; `ready.features.step_paths`
-//! reports it. A row's bits depend on the path (on cuBLAS bf16 activations and the tensor-core
-//! attention, attention_batch.cu; on the GEMVs f32 and attention.cu),
+//! reports it. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs;
+//! batch 1 has attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu),
 //! so batches of another path than batch 1 are held to the token gate at their own batch size
 //! (docs/ENGINE.md).
 

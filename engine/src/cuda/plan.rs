@@ -436,15 +436,13 @@ pub fn lm_head_ksplit(rows: usize, cols: usize) -> usize {
     k
 }
 
-/// How many slices of K a streaming GEMV's row is summed in (residual, norm and gate/up), from the matrix's shape
-/// alone so that a row's sum does not depend on the batch: two for matrices of fewer than
-/// [`GEMV_TARGET_WARPS`] rows (two warps per row: more loads in flight per row), and for gate/up
-/// (`gate_up`) whatever its height when its halves are whole 32-lane steps; one for other tall
-/// matrices, which have rows enough. Measured on the H200 (scripts/gemv-bench `seq`): two is the
-/// best or within 5% of it at batch 1 for every Llama-3.2-1B and -3.1-8B matrix; for the tall
-/// gate/up it made the whole step 1.1% (1B) and 2.1% (8B) faster at batch 1 (engine bench: 8B
-/// 4.763 -> 4.649 ms per token). At batch 2-8 one warp sums both slices ([`gemv_launch`]); that
-/// cost batch 8 7.8% on the 8B (436 -> 402 tok/s) against one slice.
+/// How many slices of K a streaming GEMV's row is summed in (residual, norm and gate/up) before
+/// the load-time tuning has timed the shape (tune.rs: its first candidate, which another must
+/// beat by [`super::tune::MARGIN`]), from the matrix's shape alone: two for matrices of fewer
+/// than [`GEMV_TARGET_WARPS`] rows (two warps per row: more loads in flight per row), and for
+/// gate/up (`gate_up`) whatever its height when its halves are whole 32-lane steps; one for other
+/// tall matrices, which have rows enough. Measured on the H200 (scripts/gemv-bench `seq`): two is
+/// the best or within 5% of it at batch 1 for every Llama-3.2-1B and -3.1-8B matrix.
 pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     let chunks = cols / 8;
     let two = chunks % 2 == 0 && chunks / 2 >= 32;
@@ -453,6 +451,28 @@ pub fn gemv_ksplit(rows: usize, cols: usize, gate_up: bool) -> usize {
     } else {
         1
     }
+}
+
+/// The slices of K the streaming GEMV can sum a row of K = `cols` in: 1, 2, 4 or 8 warps, each
+/// a whole share of the 16-byte chunks and at least one 32-lane step of them. The load-time
+/// tuning times each, [`gemv_ksplit`]'s first.
+pub fn gemv_ksplits(rows: usize, cols: usize, gate_up: bool) -> Vec<usize> {
+    let chunks = cols / 8;
+    let first = gemv_ksplit(rows, cols, gate_up);
+    let others = (0..=GEMV_WARPS.trailing_zeros())
+        .map(|p| 1 << p)
+        .filter(|&k| k != first && chunks % k == 0 && chunks / k >= 32);
+    std::iter::once(first).chain(others).collect()
+}
+
+/// A decode GEMV's kernel for one shape and batch class, as the load-time tuning chose it
+/// (tune.rs): the CUDA cores with this many warps per row, or the tensor cores with this many
+/// warps per tile, each warp summing a slice of K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GemvKernel {
+    CudaCores(usize),
+    TensorCores(usize),
 }
 
 /// Output rows of a tensor-core GEMV tile (one mma's 16 rows).
@@ -501,47 +521,52 @@ impl GemvLaunch {
     }
 }
 
+/// Most steps of [`MMA_U`] 16-byte loads per lane (128 of K) one warp of the tensor-core GEMV
+/// sums: its f32 sums drift by about 1.3e-6 of the products' norm a step (measured on the H200:
+/// 1.8e-5 at 14 steps, 6.6e-5 at 56, 1.0e-4 at 76), so a longer slice would pass the 1e-4 that
+/// the GEMV tests allow, an order below what bf16 activations alone lose.
+pub const MMA_MAX_STEPS: usize = 64;
+
 /// The warps per tile the tensor-core kernel can use for K = `cols`: [`mma_ksplit`] and its
 /// halves down to a quarter (each warp then sums a longer slice, tiles shared out in groups of
-/// 8 / ksplit per block); the tuning times each (tune.rs).
+/// 8 / ksplit per block), each slice at most [`MMA_MAX_STEPS`]; the tuning times each
+/// (tune.rs).
 pub fn mma_ksplits(cols: usize) -> Vec<usize> {
     let Some(top) = mma_ksplit(cols) else {
         return Vec::new();
     };
+    let steps = cols / (32 * MMA_U);
     let mut splits: Vec<usize> = [top, top / 2, top / 4]
         .into_iter()
-        .filter(|&k| k >= 1)
+        .filter(|&k| k >= 1 && steps / k <= MMA_MAX_STEPS)
         .collect();
     splits.dedup();
     splits
 }
 
-/// How the GEMV of `mode` over `rows` x `cols` is launched at `batch`: on the tensor cores with
-/// `tensor_cores` = Some(warps per tile) (the load-time tuning's choice for the shape and batch,
-/// tune.rs; ignored where the shape does not fit them or the split is not one of
-/// [`mma_ksplits`]), else on the CUDA cores. Tall gate/up on the CUDA cores sums its two slices
-/// in one warp at batch 2-8 (gemv.cu's VK = 2: [`GemvMode::NormSwigluOneWarp`]), which gives the
-/// same bits as two warps: two warps per row measured 20-25% slower there than one warp over one
-/// slice (scripts/gemv-bench). Given the same `tensor_cores`, a row's bits do not depend on the
-/// batch it runs in.
+/// How the GEMV of `mode` over `rows` x `cols` is launched at `batch`, on `kernel` (the load-time
+/// tuning's choice for the shape and batch class, tune.rs; none before it ran, or a split the
+/// shape does not allow: the CUDA cores at [`gemv_ksplit`]; the lm_head's CUDA-core kernel
+/// always takes [`lm_head_ksplit`]). Tall gate/up on the CUDA cores at two warps per row sums its
+/// two slices in one warp at batch 2-8 (gemv.cu's VK = 2: [`GemvMode::NormSwigluOneWarp`]),
+/// which gives the same bits as two warps: two warps per row measured 20-25% slower there than
+/// one warp over one slice (scripts/gemv-bench). Given the same `kernel`, a row's bits do not
+/// depend on the batch it runs in.
 pub fn gemv_launch(
     rows: usize,
     cols: usize,
     mode: GemvMode,
     batch: usize,
-    tensor_cores: Option<usize>,
+    kernel: Option<GemvKernel>,
 ) -> GemvLaunch {
-    if let (Some(ksplit), Some(mma), true) = (
-        tensor_cores,
-        mode.on_tensor_cores(),
-        tensor_cores_fit(rows, cols)
-            && tensor_cores.is_some_and(|k| mma_ksplits(cols).contains(&k)),
-    ) {
-        return GemvLaunch {
-            mode: mma,
-            ksplit,
-            units: rows / MMA_TILE_ROWS,
-        };
+    if let (Some(GemvKernel::TensorCores(ksplit)), Some(mma)) = (kernel, mode.on_tensor_cores()) {
+        if tensor_cores_fit(rows, cols) && mma_ksplits(cols).contains(&ksplit) {
+            return GemvLaunch {
+                mode: mma,
+                ksplit,
+                units: rows / MMA_TILE_ROWS,
+            };
+        }
     }
     if mode == GemvMode::LmHead {
         return GemvLaunch {
@@ -551,8 +576,16 @@ pub fn gemv_launch(
         };
     }
     let gate_up = mode == GemvMode::NormSwiglu;
-    let k = gemv_ksplit(rows, cols, gate_up);
-    let (mode, ksplit) = if gate_up && k == 2 && batch > 1 && rows >= GEMV_TARGET_WARPS {
+    let k = match kernel {
+        Some(GemvKernel::CudaCores(k)) if gemv_ksplits(rows, cols, gate_up).contains(&k) => k,
+        _ => gemv_ksplit(rows, cols, gate_up),
+    };
+    let (mode, ksplit) = if gate_up
+        && k == 2
+        && batch > 1
+        && rows >= GEMV_TARGET_WARPS
+        && (cols / 8 / 2) % 32 == 0
+    {
         (GemvMode::NormSwigluOneWarp, 1)
     } else {
         (mode, k)
@@ -1152,7 +1185,44 @@ mod tests {
     }
 
     #[test]
+    fn a_cuda_core_split_the_tuning_chose_is_launched_where_the_shape_allows_it() {
+        use GemvKernel::CudaCores;
+        use GemvMode::*;
+        // Qwen3-4B's down (1,216 chunks of K): every split of 1-8 warps, the default first.
+        assert_eq!(gemv_ksplits(2560, 9728, false), [2, 1, 4, 8]);
+        // The 8B's down and q/k/v; a tall matrix other than gate/up starts at one warp.
+        assert_eq!(gemv_ksplits(4096, 14336, false), [2, 1, 4, 8]);
+        assert_eq!(gemv_ksplits(14336, 4096, false), [1, 2, 4, 8]);
+        // Qwen2.5-0.5B's K of 896 (112 chunks): one or two warps.
+        assert_eq!(gemv_ksplits(896, 896, false), [2, 1]);
+        assert_eq!(gemv_ksplits(64, 256, false), [1]);
+        for batch in 1..=MAX_GEMV_BATCH {
+            let l = gemv_launch(2560, 9728, Residual, batch, Some(CudaCores(4)));
+            assert_eq!((l.mode, l.ksplit, l.units), (Residual, 4, 2560));
+            // A split the shape does not allow falls back to the default.
+            let l = gemv_launch(896, 896, Norm, batch, Some(CudaCores(8)));
+            assert_eq!((l.mode, l.ksplit), (Norm, 2));
+            // The lm_head's CUDA-core kernel keeps its own split.
+            let l = gemv_launch(151936, 2560, LmHead, batch, Some(CudaCores(8)));
+            assert_eq!(l.ksplit, lm_head_ksplit(151936, 2560));
+        }
+        // Tall gate/up at two warps: one warp over both slices past batch 1, where its halves
+        // are whole 32-lane steps (Qwen2.5-7B's 3,584), not where they are not (1,280).
+        assert_eq!(
+            gemv_launch(18944, 3584, NormSwiglu, 8, Some(CudaCores(2))).mode,
+            NormSwigluOneWarp
+        );
+        assert_eq!(
+            gemv_launch(18944, 3584, NormSwiglu, 8, Some(CudaCores(4))).mode,
+            NormSwiglu
+        );
+        let l = gemv_launch(8192, 1280, NormSwiglu, 8, Some(CudaCores(2)));
+        assert_eq!((l.mode, l.ksplit), (NormSwiglu, 2));
+    }
+
+    #[test]
     fn a_shape_chosen_for_the_tensor_cores_runs_there_at_every_batch() {
+        use GemvKernel::TensorCores;
         use GemvMode::*;
         // The 8B's matrices and the lm_heads: 16-row tiles, 8 warps per tile (K in 8 whole steps
         // of 128), at every batch.
@@ -1172,13 +1242,13 @@ mod tests {
                     units: rows / MMA_TILE_ROWS,
                 };
                 assert_eq!(
-                    gemv_launch(rows, cols, mode, batch, Some(8)),
+                    gemv_launch(rows, cols, mode, batch, Some(TensorCores(8))),
                     want,
                     "{rows}x{cols}"
                 );
                 assert_ne!(gemv_launch(rows, cols, mode, batch, None).mode, mma);
                 // Fewer warps per tile, more tiles per block.
-                let l = gemv_launch(rows, cols, mode, batch, Some(2));
+                let l = gemv_launch(rows, cols, mode, batch, Some(TensorCores(2)));
                 assert_eq!((l.mode, l.ksplit, l.units), (mma, 2, rows / MMA_TILE_ROWS));
             }
         }
@@ -1195,25 +1265,46 @@ mod tests {
         assert_eq!(mma_ksplits(2560), [4, 2, 1]);
         assert_eq!(mma_ksplits(896), [1]);
         assert_eq!(mma_ksplits(640), [1]);
+        // No slice of more than 64 steps: Qwen3-4B's down (76 steps), Nemotron-H-8B's MLP down
+        // (168), the 8B's down (112); K of 65 steps in one warp's slice: none.
+        assert_eq!(mma_ksplits(9728), [4, 2]);
+        assert_eq!(mma_ksplits(21504), [8, 4]);
+        assert_eq!(mma_ksplits(14336), [8, 4, 2]);
+        assert!(mma_ksplits(65 * 128).is_empty());
         assert!(mma_ksplits(4104).is_empty());
-        assert_eq!(gemv_launch(151936, 896, LmHead, 4, Some(1)).ksplit, 1);
+        assert_eq!(
+            gemv_launch(151936, 896, LmHead, 4, Some(TensorCores(1))).ksplit,
+            1
+        );
         for (rows, cols) in [(4096, 4104), (4104, 4096), (0, 4096)] {
             assert!(!tensor_cores_fit(rows, cols), "{rows}x{cols}");
-            assert_eq!(gemv_launch(rows, cols, Residual, 1, Some(8)).mode, Residual);
+            assert_eq!(
+                gemv_launch(rows, cols, Residual, 1, Some(TensorCores(8))).mode,
+                Residual
+            );
         }
-        assert_eq!(gemv_launch(4104, 4096, LmHead, 1, Some(8)).mode, LmHead);
+        assert_eq!(
+            gemv_launch(4104, 4096, LmHead, 1, Some(TensorCores(8))).mode,
+            LmHead
+        );
         // A split the shape cannot use (896 is 7 steps: one warp per tile) is not launched.
-        assert_eq!(gemv_launch(4096, 896, Residual, 1, Some(8)).mode, Residual);
+        assert_eq!(
+            gemv_launch(4096, 896, Residual, 1, Some(TensorCores(8))).mode,
+            Residual
+        );
         // Persistent grids: 256 tiles of the 8B's o, one tile per block, on as many blocks as are
         // resident (two per SM on 132 SMs) in the fewest rounds; the CUDA-core lm_head a block per
         // 8 / ksplit rows.
-        let o = gemv_launch(4096, 4096, Residual, 1, Some(8));
+        let o = gemv_launch(4096, 4096, Residual, 1, Some(TensorCores(8)));
         assert_eq!(o.grid(264), 256);
-        assert_eq!(gemv_launch(8192, 4096, Residual, 1, Some(8)).grid(264), 256);
+        assert_eq!(
+            gemv_launch(8192, 4096, Residual, 1, Some(TensorCores(8))).grid(264),
+            256
+        );
         let head = gemv_launch(128256, 2048, LmHead, 1, None);
         assert_eq!(head.grid(264), 16032);
         for k in mma_ksplits(2048) {
-            let l = gemv_launch(128256, 2048, LmHead, 1, Some(k));
+            let l = gemv_launch(128256, 2048, LmHead, 1, Some(TensorCores(k)));
             assert!(l.grid(264 * 8 / k) as usize <= 16032);
         }
     }

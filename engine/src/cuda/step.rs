@@ -41,20 +41,20 @@ impl CudaBackend {
         }
     }
 
-    /// Decode attention of `batch` rows of `qkv`: attention.cu with its RoPE and K/V write
-    /// folded in, or on the cuBLAS path (`blas`) attention_batch.cu after rope_kv where the model
-    /// has it. That path's rows already have bits of their own (bf16 activations), and
-    /// attention.cu's chain of loads was its slowest kernel at batch 32 (docs/ENGINE.md).
+    /// Decode attention of `batch` rows of `qkv`: at batch 1 attention.cu with its RoPE and K/V
+    /// write folded in; at larger batches, on either path, attention_batch.cu after rope_kv where
+    /// the model has it. Its splits of 256 positions are 1.3-2.4x faster than attention.cu's
+    /// at batch 8 and 32 and slower at batch 1 over a long context (docs/ENGINE.md, session
+    /// 18); batch 1 already has GEMVs of its own (tune.rs), so its rows' bits are its own too.
     fn decode_attention(
         &self,
         a: &crate::cuda::load::AttentionWeights,
         batch: usize,
         out_f32: u64,
         out_bf16: u64,
-        blas: bool,
     ) -> Result<()> {
         let d = &self.dec;
-        let tensor_cores = blas && self.f.attention_batch.is_some();
+        let tensor_cores = batch > 1 && self.f.attention_batch.is_some();
         let att = Attention {
             w: a,
             qkv: d.qkv.ptr,
@@ -112,7 +112,7 @@ impl CudaBackend {
             let [input, output] = self.sublayer_gemvs(l);
             self.gemv(&input, batch, 0)?;
             match &l.mixer {
-                Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0, false)?,
+                Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0)?,
                 // The activation is applied by the up GEMV: SwiGLU or relu2.
                 Mixer::Mlp(_) => {}
                 Mixer::Mamba(m) => self.decode_mamba(m, batch, d.gated.ptr, 0)?,
@@ -137,7 +137,7 @@ impl CudaBackend {
             let (name, output, mixed) = match &l.mixer {
                 Mixer::Attention(a) => {
                     self.blas_gemm("gemm_qkv", &a.qkv, d.xn_bf16.ptr, d.qkv.ptr, rows, false)?;
-                    self.decode_attention(a, batch, 0, d.attn_bf16.ptr, true)?;
+                    self.decode_attention(a, batch, 0, d.attn_bf16.ptr)?;
                     ("gemm_o", &a.o, d.attn_bf16.ptr)
                 }
                 Mixer::Mlp(m) => {

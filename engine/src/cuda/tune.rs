@@ -1,9 +1,10 @@
 //! Which kernel runs each decode GEMV, chosen per matrix shape at load: each shape's matrices are
-//! timed on the CUDA cores and on the tensor cores at every split of K the shape allows, as the
-//! step runs them (one after the other, in a CUDA graph, PDL as configured), at batch 1 and at
-//! batch 8. Batch 1 gets the fastest at batch 1, batches 2-8 the fastest at batch 8; the tensor
-//! cores must win by at least [`MARGIN`], so that a near draw stays on the CUDA cores and machines
-//! of one kind choose alike. The choice does not depend on `--max-batch` (the timing has its own
+//! timed on the CUDA cores and on the tensor cores, each at every split of K (warps per row or
+//! per tile) the shape allows, as the step runs them (one after the other, in a CUDA graph, PDL
+//! as configured), at batch 1 and at batch 8. Batch 1 gets the fastest at batch 1, batches 2-8
+//! the fastest at batch 8, in the candidates' order ([`kernels_for`]): each must beat the one
+//! chosen before it by at least [`MARGIN`], so that a near draw stays with the earlier one and
+//! machines of one kind choose alike. The choice does not depend on `--max-batch` (the timing has its own
 //! buffers for 8 rows). A row's bits are the same at batches 2-8; at batch 1 they may differ
 //! from its bits in a larger batch, where the two kernels differ (docs/ENGINE.md says what
 //! keeping one kernel for every batch cost). The result is cached beside the compiled kernels,
@@ -21,7 +22,7 @@ use super::backend::{CudaBackend, F32};
 use super::device::{driver_err, DevBuf};
 use super::kernels;
 use super::ops::Gemv;
-use super::plan::{self, GemvMode};
+use super::plan::{self, GemvKernel, GemvMode};
 use crate::error::Result;
 
 /// One shape's measurement and the kernel chosen for it.
@@ -36,20 +37,19 @@ pub struct ShapeTuning {
     pub matrices: usize,
     /// The batches timed: 1 and 8.
     pub batches: [usize; 2],
-    /// Every kernel timed: the CUDA cores first, then the tensor cores at each split of K the
-    /// shape allows (none where it does not fit them: plan.rs `mma_ksplits`).
+    /// Every kernel timed: the CUDA cores at each split of K the shape allows (plan.rs
+    /// `gemv_ksplits`, its default first), then the tensor cores at each of theirs (none where
+    /// the shape does not fit them: plan.rs `mma_ksplits`).
     pub candidates: Vec<Candidate>,
-    /// The choices, at batch 1 and at batches 2-8: warps per tile on the tensor cores, or none
-    /// for the CUDA cores.
-    pub batch_1: Option<usize>,
-    pub batched: Option<usize>,
+    /// The choices, at batch 1 and at batches 2-8.
+    pub batch_1: GemvKernel,
+    pub batched: GemvKernel,
 }
 
 /// One kernel's times for a shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Candidate {
-    /// Warps per tile on the tensor cores; none: the CUDA cores.
-    pub tensor_cores: Option<usize>,
+    pub kernel: GemvKernel,
     /// Microseconds per matrix at each of the shape's `batches`.
     pub us: [f64; 2],
 }
@@ -66,21 +66,20 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The warps per tile on the tensor cores of the GEMV of `mode` over `rows` x `cols` at
-    /// `batch`, or none for the CUDA cores. Shapes not tuned (before the tuning ran) run on the
-    /// CUDA cores.
-    pub fn tensor_cores(
+    /// The kernel chosen for the GEMV of `mode` over `rows` x `cols` at `batch`; none for a
+    /// shape not tuned (before the tuning ran), which runs plan.rs `gemv_launch`'s default.
+    pub fn kernel(
         &self,
         mode: GemvMode,
         rows: usize,
         cols: usize,
         batch: usize,
-    ) -> Option<usize> {
+    ) -> Option<GemvKernel> {
         let r = role(mode);
         self.shapes
             .iter()
             .find(|s| s.role == r && s.rows == rows && s.cols == cols)
-            .and_then(|s| if batch == 1 { s.batch_1 } else { s.batched })
+            .map(|s| if batch == 1 { s.batch_1 } else { s.batched })
     }
 }
 
@@ -96,23 +95,22 @@ pub fn role(mode: GemvMode) -> &'static str {
     }
 }
 
-/// How much smaller the tensor cores' sum of times must be to be chosen.
+/// How much smaller a candidate's time must be than the one chosen before it to replace it.
 pub const MARGIN: f64 = 0.02;
 
-/// The rule, for the batch timed at `at` (0: batch 1, 1: batch 8): the fastest tensor-core split
-/// there (the first listed on a tie), when it is at least [`MARGIN`] faster than the CUDA cores.
-pub fn choose(candidates: &[Candidate], at: usize) -> Option<usize> {
-    let cuda = candidates.iter().find(|c| c.tensor_cores.is_none())?;
-    let best = candidates
-        .iter()
-        .filter(|c| c.tensor_cores.is_some())
-        .fold(None::<&Candidate>, |b, c| match b {
-            Some(b) if b.us[at] <= c.us[at] => Some(b),
-            _ => Some(c),
-        })?;
-    (best.us[at] < (1.0 - MARGIN) * cuda.us[at])
-        .then_some(best.tensor_cores)
-        .flatten()
+/// The rule, for the batch timed at `at` (0: batch 1, 1: batch 8): the first candidate, replaced
+/// by each later one that is at least [`MARGIN`] faster than the one chosen so far. None without
+/// candidates.
+pub fn choose(candidates: &[Candidate], at: usize) -> Option<GemvKernel> {
+    let first = candidates.first()?;
+    let chosen = candidates.iter().fold(first, |b, c| {
+        if c.us[at] < (1.0 - MARGIN) * b.us[at] {
+            c
+        } else {
+            b
+        }
+    });
+    Some(chosen.kernel)
 }
 
 /// The batches timed.
@@ -176,7 +174,7 @@ impl CudaBackend {
         groups
     }
 
-    /// Microseconds per matrix of `group` at `batch` on the tensor cores or not: the group's
+    /// Microseconds per matrix of `group` at `batch` on `kernel`: the group's
     /// launches (repeated to at least [`MIN_LAUNCHES`]) captured into a graph, replayed once,
     /// then [`REPLAYS`] times between two events. Where capture fails, the same launches direct.
     fn time_group(
@@ -184,13 +182,13 @@ impl CudaBackend {
         group: &[Gemv<'_>],
         parts: u64,
         batch: usize,
-        tensor_cores: Option<usize>,
+        kernel: GemvKernel,
     ) -> Result<f64> {
         let reps = MIN_LAUNCHES.div_ceil(group.len());
         let launch_all = || -> Result<()> {
             for _ in 0..reps {
                 for g in group {
-                    self.gemv_on(g, batch, parts, tensor_cores)?;
+                    self.gemv_on(g, batch, parts, Some(kernel))?;
                 }
             }
             Ok(())
@@ -285,31 +283,27 @@ impl CudaBackend {
                 continue;
             }
             timed = true;
-            let splits = if plan::tensor_cores_fit(rows, cols) {
-                plan::mma_ksplits(cols)
-            } else {
-                Vec::new()
-            };
-            let candidates = std::iter::once(None)
-                .chain(splits.into_iter().map(Some))
-                .map(|tc| {
+            let candidates = kernels_for(g.mode, rows, cols)
+                .into_iter()
+                .map(|kernel| {
                     Ok(Candidate {
-                        tensor_cores: tc,
+                        kernel,
                         us: [
-                            self.time_group(&group, parts.ptr, batches[0], tc)?,
-                            self.time_group(&group, parts.ptr, batches[1], tc)?,
+                            self.time_group(&group, parts.ptr, batches[0], kernel)?,
+                            self.time_group(&group, parts.ptr, batches[1], kernel)?,
                         ],
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let pick = |at| choose(&candidates, at).expect("the CUDA cores are always a candidate");
             shapes.push(ShapeTuning {
                 role: r.to_string(),
                 rows,
                 cols,
                 matrices: group.len(),
                 batches,
-                batch_1: choose(&candidates, 0),
-                batched: choose(&candidates, 1),
+                batch_1: pick(0),
+                batched: pick(1),
                 candidates,
             });
         }
@@ -328,6 +322,33 @@ impl CudaBackend {
     }
 }
 
+/// The kernels timed for a GEMV of `mode` over `rows` x `cols`, in the order [`choose`] takes
+/// them: the CUDA cores at the shape's default split (plan.rs `gemv_ksplit`; the lm_head's at its
+/// own one), the tensor cores at each split of theirs where the shape fits them, then the CUDA
+/// cores' other splits. The tensor cores come before those because in the step they won the
+/// near draws that the tuning's timing of one shape alone called for the CUDA cores: on
+/// Nemotron-H-8B's in_proj and up (CUDA cores at two warps 0.6 us faster alone, tensor cores at
+/// four in the step) the step was 1.9% slower per token (docs/ENGINE.md, session 18).
+pub fn kernels_for(mode: GemvMode, rows: usize, cols: usize) -> Vec<GemvKernel> {
+    let cuda = if mode.is_lm_head() {
+        vec![plan::lm_head_ksplit(rows, cols)]
+    } else {
+        plan::gemv_ksplits(rows, cols, mode == GemvMode::NormSwiglu)
+    };
+    let tensor = if plan::tensor_cores_fit(rows, cols) {
+        plan::mma_ksplits(cols)
+    } else {
+        Vec::new()
+    };
+    let (default, others) = cuda
+        .split_first()
+        .expect("a CUDA-core split for every shape");
+    std::iter::once(GemvKernel::CudaCores(*default))
+        .chain(tensor.into_iter().map(GemvKernel::TensorCores))
+        .chain(others.iter().copied().map(GemvKernel::CudaCores))
+        .collect()
+}
+
 fn same_key(a: &ShapeTuning, b: &ShapeTuning) -> bool {
     (&a.role, a.rows, a.cols, a.matrices, a.batches)
         == (&b.role, b.rows, b.cols, b.matrices, b.batches)
@@ -337,23 +358,23 @@ fn same_key(a: &ShapeTuning, b: &ShapeTuning) -> bool {
 mod tests {
     use super::*;
 
-    fn cand(tensor_cores: Option<usize>, us: [f64; 2]) -> Candidate {
-        Candidate { tensor_cores, us }
+    use GemvKernel::{CudaCores, TensorCores};
+
+    fn cand(kernel: GemvKernel, us: [f64; 2]) -> Candidate {
+        Candidate { kernel, us }
     }
 
-    fn shape(
-        role: &str,
-        rows: usize,
-        batch_1: Option<usize>,
-        batched: Option<usize>,
-    ) -> ShapeTuning {
+    fn shape(role: &str, rows: usize, batch_1: GemvKernel, batched: GemvKernel) -> ShapeTuning {
         ShapeTuning {
             role: role.into(),
             rows,
             cols: 4096,
             matrices: 32,
             batches: BATCHES,
-            candidates: vec![cand(None, [10.0, 40.0]), cand(Some(8), [11.0, 14.0])],
+            candidates: vec![
+                cand(CudaCores(2), [10.0, 40.0]),
+                cand(TensorCores(8), [11.0, 14.0]),
+            ],
             batch_1,
             batched,
         }
@@ -364,59 +385,146 @@ mod tests {
         // Llama-3.2-1B's down as measured on the H200: the CUDA cores at batch 1, the tensor
         // cores at batch 8, the fastest split there.
         let c = [
-            cand(None, [11.7, 61.1]),
-            cand(Some(8), [14.7, 16.5]),
-            cand(Some(4), [22.9, 24.4]),
-            cand(Some(2), [38.5, 40.9]),
+            cand(CudaCores(2), [11.7, 61.1]),
+            cand(TensorCores(8), [14.7, 16.5]),
+            cand(TensorCores(4), [22.9, 24.4]),
+            cand(TensorCores(2), [38.5, 40.9]),
         ];
-        assert_eq!(choose(&c, 0), None);
-        assert_eq!(choose(&c, 1), Some(8));
-        // The first listed wins a tie between splits.
+        assert_eq!(choose(&c, 0), Some(CudaCores(2)));
+        assert_eq!(choose(&c, 1), Some(TensorCores(8)));
+        // Another split on the CUDA cores wins as the tensor cores do, and each candidate must
+        // beat the one chosen before it: Qwen3-4B's gate/up and Nemotron-H-8B's in_proj as
+        // timed on the H200.
         let c = [
-            cand(None, [20.0, 60.0]),
-            cand(Some(8), [15.0, 25.0]),
-            cand(Some(4), [15.0, 25.0]),
+            cand(CudaCores(2), [31.6, 81.7]),
+            cand(TensorCores(4), [30.1, 35.8]),
+            cand(TensorCores(2), [37.7, 43.6]),
+            cand(CudaCores(1), [27.7, 73.5]),
+            cand(CudaCores(4), [36.7, 150.8]),
         ];
-        assert_eq!((choose(&c, 0), choose(&c, 1)), (Some(8), Some(8)));
-        // A near draw stays on the CUDA cores; a win by the margin does not.
-        let cuda = cand(None, [10.0, 12.0]);
-        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.9, 11.9])], 0), None);
+        assert_eq!(choose(&c, 0), Some(CudaCores(1)));
+        assert_eq!(choose(&c, 1), Some(TensorCores(4)));
+        let c = [
+            cand(CudaCores(1), [45.7, 168.0]),
+            cand(TensorCores(8), [47.0, 50.6]),
+            cand(TensorCores(4), [44.5, 56.0]),
+            cand(CudaCores(2), [43.9, 175.1]),
+        ];
+        assert_eq!(choose(&c, 0), Some(TensorCores(4)));
+        assert_eq!(choose(&c, 1), Some(TensorCores(8)));
+        // The first listed wins a tie.
+        let c = [
+            cand(CudaCores(1), [20.0, 60.0]),
+            cand(TensorCores(8), [15.0, 25.0]),
+            cand(TensorCores(4), [15.0, 25.0]),
+        ];
         assert_eq!(
-            choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 0),
-            Some(8)
+            (choose(&c, 0), choose(&c, 1)),
+            (Some(TensorCores(8)), Some(TensorCores(8)))
         );
-        assert_eq!(choose(&[cuda.clone(), cand(Some(8), [9.7, 11.9])], 1), None);
-        // A shape that does not fit the tensor cores stays on the CUDA cores.
-        assert_eq!(choose(&[cuda], 1), None);
+        // A near draw stays on the first candidate; a win by the margin does not.
+        let first = cand(CudaCores(2), [10.0, 12.0]);
+        for other in [CudaCores(4), TensorCores(8)] {
+            assert_eq!(
+                choose(&[first.clone(), cand(other, [9.9, 11.9])], 0),
+                Some(CudaCores(2))
+            );
+            assert_eq!(
+                choose(&[first.clone(), cand(other, [9.7, 11.9])], 0),
+                Some(other)
+            );
+            assert_eq!(
+                choose(&[first.clone(), cand(other, [9.7, 11.9])], 1),
+                Some(CudaCores(2))
+            );
+        }
+        // A shape with one kernel keeps it; none without candidates.
+        assert_eq!(choose(&[first], 1), Some(CudaCores(2)));
+        assert_eq!(choose(&[], 0), None);
+    }
+
+    #[test]
+    fn every_shape_times_the_cuda_cores_first_at_its_default_split() {
+        // Qwen3-4B's down: the CUDA cores at 2 warps per row (the default), the tensor cores at 4
+        // and 2 warps per tile (K in 76 steps of 128: one warp's would be too long, plan.rs
+        // `mma_ksplits`), the CUDA cores at 1, 4 and 8.
+        assert_eq!(
+            kernels_for(GemvMode::Residual, 2560, 9728),
+            [
+                CudaCores(2),
+                TensorCores(4),
+                TensorCores(2),
+                CudaCores(1),
+                CudaCores(4),
+                CudaCores(8)
+            ]
+        );
+        // The lm_head's CUDA-core kernel has one split; a shape off the tensor cores' tiles has
+        // none of theirs.
+        assert_eq!(
+            kernels_for(GemvMode::LmHead, 151936, 896),
+            [CudaCores(plan::lm_head_ksplit(151936, 896)), TensorCores(1)]
+        );
+        assert_eq!(
+            kernels_for(GemvMode::Norm, 4104, 4096),
+            [CudaCores(2), CudaCores(1), CudaCores(4), CudaCores(8)]
+        );
+        for (mode, rows, cols) in [
+            (GemvMode::NormSwiglu, 14336, 4096),
+            (GemvMode::Residual, 896, 4864),
+        ] {
+            let ks = kernels_for(mode, rows, cols);
+            let gate_up = mode == GemvMode::NormSwiglu;
+            assert_eq!(ks[0], CudaCores(plan::gemv_ksplit(rows, cols, gate_up)));
+            // Each is launched as it was timed.
+            for k in ks {
+                let l = plan::gemv_launch(rows, cols, mode, 1, Some(k));
+                match k {
+                    CudaCores(n) => assert_eq!((l.mode, l.ksplit), (mode, n)),
+                    TensorCores(n) => {
+                        assert_eq!((l.mode.on_tensor_cores(), l.ksplit), (None, n))
+                    }
+                }
+            }
+        }
     }
 
     #[test]
     fn a_choice_applies_to_both_kernels_of_its_role_to_its_shape_and_batch_class() {
         let t = Tuning {
             shapes: vec![
-                shape("gate_up", 14336, None, Some(8)),
-                shape("residual", 4096, Some(4), None),
+                shape("gate_up", 14336, CudaCores(2), TensorCores(8)),
+                shape("residual", 4096, TensorCores(4), CudaCores(2)),
             ],
             ..Default::default()
         };
         for b in 2..=plan::MAX_GEMV_BATCH {
             assert_eq!(
-                t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, b),
-                Some(8)
+                t.kernel(GemvMode::NormSwiglu, 14336, 4096, b),
+                Some(TensorCores(8))
             );
             assert_eq!(
-                t.tensor_cores(GemvMode::NormSwigluOneWarp, 14336, 4096, b),
-                Some(8)
+                t.kernel(GemvMode::NormSwigluOneWarp, 14336, 4096, b),
+                Some(TensorCores(8))
             );
-            assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, b), None);
+            assert_eq!(
+                t.kernel(GemvMode::Residual, 4096, 4096, b),
+                Some(CudaCores(2))
+            );
         }
-        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 4096, 1), None);
-        assert_eq!(t.tensor_cores(GemvMode::Residual, 4096, 4096, 1), Some(4));
-        assert_eq!(t.tensor_cores(GemvMode::NormSwiglu, 14336, 2048, 8), None);
-        assert_eq!(t.tensor_cores(GemvMode::Norm, 14336, 4096, 8), None);
-        // Before the tuning has run: the CUDA cores.
         assert_eq!(
-            Tuning::default().tensor_cores(GemvMode::Residual, 4096, 4096, 8),
+            t.kernel(GemvMode::NormSwiglu, 14336, 4096, 1),
+            Some(CudaCores(2))
+        );
+        assert_eq!(
+            t.kernel(GemvMode::Residual, 4096, 4096, 1),
+            Some(TensorCores(4))
+        );
+        // Another shape or role: not tuned, the default launch.
+        assert_eq!(t.kernel(GemvMode::NormSwiglu, 14336, 2048, 8), None);
+        assert_eq!(t.kernel(GemvMode::Norm, 14336, 4096, 8), None);
+        assert_eq!(
+            Tuning::default().kernel(GemvMode::Residual, 4096, 4096, 8),
             None
         );
         for m in GemvMode::ALL {
@@ -429,8 +537,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gemv-tune-test-{}", std::process::id()));
         let path = dir.join("t.json");
         let shapes = vec![
-            shape("norm", 6144, None, Some(8)),
-            shape("lm_head", 128256, Some(2), None),
+            shape("norm", 6144, CudaCores(1), TensorCores(8)),
+            shape("lm_head", 128256, TensorCores(2), CudaCores(1)),
         ];
         write_cache(&path, &shapes);
         assert_eq!(read_cache::<ShapeTuning>(&path), shapes);
