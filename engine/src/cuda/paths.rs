@@ -4,7 +4,8 @@
 //! two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
 //! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
 //! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
-//! shapes and the batch timed, so a machine times a model once; `ready.features.step_paths`
+//! shapes with the kernel chosen for each, the decode attention kernel and the batch timed, so a
+//! machine times a model once; `ready.features.step_paths`
 //! reports it. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs;
 //! batch 1 has attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu),
 //! so batches of another path than batch 1 are held to the token gate at their own batch size
@@ -23,8 +24,8 @@ use crate::error::Result;
 /// One timing of the step on both paths.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PathTiming {
-    /// The model's GEMV shapes and cuBLASLt's version: what the times depend on besides the
-    /// kernels and the GPU, which name the cache file.
+    /// [`CudaBackend::path_key`]: what the times depend on besides the kernels and the GPU,
+    /// which name the cache file.
     pub key: String,
     pub batch: usize,
     /// Milliseconds per step on each path.
@@ -76,18 +77,25 @@ const WARM: usize = 2;
 const REPLAYS: usize = 10;
 
 impl CudaBackend {
-    /// The cache key of this model's step: its GEMV shapes (role, rows x K, count) and the
-    /// cuBLASLt version.
-    fn path_key(&self) -> String {
-        let shapes: Vec<String> = self
+    /// The cache key of this model's step at `batch`: what the two paths' times depend on besides
+    /// the kernels' source and the GPU (which name the cache file): each GEMV shape with the
+    /// kernel the tuning chose for it at `batch`, the decode attention kernel, and the cuBLASLt
+    /// version. A change of either choice times the paths again.
+    fn path_key(&self, batch: usize) -> String {
+        let shapes: Vec<(&str, usize, usize, usize, Option<plan::GemvKernel>)> = self
             .gemv_groups(0, 0)
             .iter()
             .map(|g| {
                 let (r, c) = g[0].shape();
-                format!("{}:{r}x{c}x{}", role(g[0].mode), g.len())
+                let kernel = self.tuning.kernel(g[0].mode, r, c, batch);
+                (role(g[0].mode), r, c, g.len(), kernel)
             })
             .collect();
-        format!("cublasLt{};{}", self.lt.version, shapes.join(","))
+        path_key(
+            self.lt.version,
+            &shapes,
+            &self.decode_attention_kernel(batch),
+        )
     }
 
     /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
@@ -123,7 +131,7 @@ impl CudaBackend {
             self.sms,
         );
         let mut cached: Vec<PathTiming> = path.as_ref().map(tune::read_cache).unwrap_or_default();
-        let key = self.path_key();
+        let key = self.path_key(batch);
         let hit = cached
             .iter()
             .find(|t| t.key == key && t.batch == batch)
@@ -162,6 +170,23 @@ impl CudaBackend {
         };
         Ok(())
     }
+}
+
+/// [`CudaBackend::path_key`] from its parts: the cuBLASLt version, each GEMV shape (role, rows, K,
+/// matrices, the kernel chosen at the batch timed) and the decode attention kernel's name.
+fn path_key(
+    lt_version: usize,
+    shapes: &[(&str, usize, usize, usize, Option<plan::GemvKernel>)],
+    attention: &str,
+) -> String {
+    let shapes: Vec<String> = shapes
+        .iter()
+        .map(|(role, r, c, n, kernel)| match kernel {
+            Some(k) => format!("{role}:{r}x{c}x{n}:{k:?}"),
+            None => format!("{role}:{r}x{c}x{n}"),
+        })
+        .collect();
+    format!("cublasLt{lt_version};{};{attention}", shapes.join(","))
 }
 
 #[cfg(test)]
@@ -208,6 +233,30 @@ mod tests {
             (&j["batched"], &j["beyond"]),
             (&"gemv".into(), &"cublas".into())
         );
+    }
+
+    #[test]
+    fn a_timing_is_reused_only_for_the_kernels_it_timed() {
+        use plan::GemvKernel::{CudaCores, TensorCores};
+        let shapes = |down| {
+            vec![
+                ("norm", 6144, 4096, 32, Some(TensorCores(4))),
+                ("residual", 4096, 14336, 32, Some(down)),
+            ]
+        };
+        let key = path_key(130000, &shapes(TensorCores(8)), "attention_batch_d128");
+        assert_eq!(
+            key,
+            path_key(130000, &shapes(TensorCores(8)), "attention_batch_d128")
+        );
+        // Another kernel for one shape, another attention kernel, another cuBLASLt: timed again.
+        for other in [
+            path_key(130000, &shapes(CudaCores(2)), "attention_batch_d128"),
+            path_key(130000, &shapes(TensorCores(8)), "attention_g4"),
+            path_key(130100, &shapes(TensorCores(8)), "attention_batch_d128"),
+        ] {
+            assert_ne!(key, other);
+        }
     }
 
     #[test]

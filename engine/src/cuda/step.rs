@@ -41,6 +41,21 @@ impl CudaBackend {
         }
     }
 
+    /// Whether a step of `batch` rows runs its decode attention on the tensor cores
+    /// (attention_batch.cu after rope_kv) rather than attention.cu: every batch past 1, where the
+    /// model has the kernel.
+    fn attention_on_tensor_cores(&self, batch: usize) -> bool {
+        batch > 1 && self.f.attention_batch.is_some()
+    }
+
+    /// The decode attention kernel a step of `batch` rows runs.
+    pub(super) fn decode_attention_kernel(&self, batch: usize) -> String {
+        match plan::attention_batch_kernel(&self.cfg) {
+            Some(k) if self.attention_on_tensor_cores(batch) => k,
+            _ => plan::attention_kernel(&self.cfg),
+        }
+    }
+
     /// Decode attention of `batch` rows of `qkv`: at batch 1 attention.cu with its RoPE and K/V
     /// write folded in; at larger batches, on either path, attention_batch.cu after rope_kv where
     /// the model has it. Its splits of 256 positions are 1.3-2.4x faster than attention.cu's
@@ -54,7 +69,7 @@ impl CudaBackend {
         out_bf16: u64,
     ) -> Result<()> {
         let d = &self.dec;
-        let tensor_cores = batch > 1 && self.f.attention_batch.is_some();
+        let tensor_cores = self.attention_on_tensor_cores(batch);
         let att = Attention {
             w: a,
             qkv: d.qkv.ptr,
