@@ -1,7 +1,8 @@
-//! The residual decode GEMV on a GPU, on the CUDA cores (mode 1) and on the tensor cores
-//! (mode 7) at every split of K the tuning may choose, and the lm_head's GEMV and argmax on both (modes 5 and 12): each against an f64
-//! reference, and batch row b at batch 8 the same bits as that row alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the
-//! GPU box (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
+//! The residual decode GEMV on a GPU, on the CUDA cores (mode 1) and on the tensor cores (mode 7)
+//! at every split of K the tuning may choose, and the lm_head's GEMV and argmax on both (modes 5
+//! and 12): each against an f64 reference, and batch row b at batch 8 the same bits as that row
+//! alone at batch 1. Skips without a CUDA device (CI); `scripts/gpu-tests.sh` runs it on the GPU
+//! box (`test-engine-lib`, with ENGINE_REQUIRE_GPU set).
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 

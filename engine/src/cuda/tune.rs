@@ -1,16 +1,16 @@
 //! Which kernel runs each decode GEMV, chosen per matrix shape at load: each shape's matrices are
 //! timed on the CUDA cores and on the tensor cores, each at every split of K (warps per row or
 //! per tile) the shape allows, as the step runs them (one after the other, in a CUDA graph, PDL
-//! as configured), at batch 1 and at batch 8. Batch 1 gets the fastest at batch 1, batches 2-8
-//! the fastest at batch 8, in the candidates' order ([`kernels_for`]): each must beat the one
-//! chosen before it by at least [`MARGIN`], so that a near draw stays with the earlier one and
-//! machines of one kind choose alike. The choice does not depend on `--max-batch` (the timing has its own
-//! buffers for 8 rows). A row's bits are the same at batches 2-8; at batch 1 they may differ
-//! from its bits in a larger batch, where the two kernels differ (docs/ENGINE.md says what
-//! keeping one kernel for every batch cost). The result is cached beside the compiled kernels,
-//! keyed by the kernels' own cache key (source, architecture, driver), the GPU and its
-//! multiprocessors, so a machine tunes a model's shapes once; `ready.features.gemv_tuning`
-//! reports every shape's times and choices.
+//! as configured), at batch 1 and at batch 8. Batch 1's kernel is chosen on the batch-1 times,
+//! batches 2-8's on the batch-8 times, by one rule ([`choose`]): the candidates are taken in
+//! order ([`kernels_for`]) and each replaces the one chosen so far only if it is [`MARGIN`]
+//! faster, so a near draw stays with the earlier one and machines of one kind choose alike. The
+//! choice does not depend on `--max-batch` (the timing has its own buffers for 8 rows). A row's
+//! bits are the same at batches 2-8; at batch 1 they may differ from its bits in a larger batch,
+//! where the two kernels differ (docs/ENGINE.md says what keeping one kernel for every batch
+//! cost). The result is cached beside the compiled kernels, keyed by the kernels' own cache key
+//! (source, architecture, driver), the GPU and its multiprocessors, so a machine tunes a model's
+//! shapes once; `ready.features.gemv_tuning` reports every shape's times and choices.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,9 +37,9 @@ pub struct ShapeTuning {
     pub matrices: usize,
     /// The batches timed: 1 and 8.
     pub batches: [usize; 2],
-    /// Every kernel timed: the CUDA cores at each split of K the shape allows (plan.rs
-    /// `gemv_ksplits`, its default first), then the tensor cores at each of theirs (none where
-    /// the shape does not fit them: plan.rs `mma_ksplits`).
+    /// Every kernel timed, in [`kernels_for`]'s order: the CUDA cores at the shape's default
+    /// split of K, the tensor cores at each of theirs (none where the shape does not fit them:
+    /// plan.rs `mma_ksplits`), the CUDA cores at their other splits (plan.rs `gemv_ksplits`).
     pub candidates: Vec<Candidate>,
     /// The choices, at batch 1 and at batches 2-8.
     pub batch_1: GemvKernel,
