@@ -16,8 +16,10 @@
 #             --prompt-lens 16,1000 --repeat 3).
 #
 # Prints one line per run: MODEL LABEL #N: the engine's summary (per output token overall and by
-# prompt length, first token, throughput by batch, share of the bandwidth floor). Exit status 1
-# when a run failed (the others still run), 2 on bad arguments.
+# prompt length, first token, throughput by batch, share of the bandwidth floor); on CUDA a second
+# line, indented, with the kernel the load-time tuning chose for each GEMV shape at batch 1 and at
+# batches 2-8 (c2: the CUDA cores at two warps per row, t4: the tensor cores at four per tile).
+# Exit status 1 when a run failed (the others still run), 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,6 +59,21 @@ done
 out=${out:-.gpu-run/ab-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 
+# The GEMV tuning's choices in a bench JSON, on one line; nothing where it has none (the CPU).
+tuning() {
+    python3 - "$1" <<'PY'
+import json, sys
+try:
+    shapes = json.load(open(sys.argv[1]))["features"]["gemv_tuning"]["shapes"]
+except (OSError, ValueError, KeyError, TypeError):
+    sys.exit(0)
+short = {"cuda_cores": "c", "tensor_cores": "t"}
+k = lambda c: "".join(f"{short.get(w, w)}{n}" for w, n in c.items())
+print("  gemv (batch 1/2-8): " + ", ".join(
+    f"{s['role']} {s['rows']}x{s['cols']} {k(s['batch_1'])}/{k(s['batched'])}" for s in shapes))
+PY
+}
+
 status=0
 for model in "${models[@]}"; do
     if [ -f "$model/config.json" ]; then
@@ -84,6 +101,7 @@ for model in "${models[@]}"; do
             file=$out/$name-$label-$n
             if "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
                 echo "$name $label #$n: $(grep '^per output token' "$file.err")"
+                tuning "$file.json"
             else
                 echo "$name $label #$n: FAILED (exit $?): $(tail -n 1 "$file.err")"
                 status=1

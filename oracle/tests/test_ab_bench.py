@@ -73,3 +73,20 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
     r = run("goldens/tiny-llama/model", tmp_path / "empty", "--batch", "8")
     assert r.returncode == 2 and "bench options go after --" in r.stderr
     assert not os.listdir(tmp_path / "empty")
+
+
+def test_the_gemv_tuning_choices_follow_a_cuda_runs_summary(tmp_path):
+    # A stand-in for a CUDA build: its summary line on stderr, a JSON with the tuning's choices.
+    tuning = {"shapes": [
+        {"role": "norm", "rows": 6144, "cols": 4096, "batch_1": {"cuda_cores": 2},
+         "batched": {"tensor_cores": 4}},
+        {"role": "residual", "rows": 2560, "cols": 9728, "batch_1": {"cuda_cores": 4},
+         "batched": {"tensor_cores": 4}}]}
+    cuda = build(tmp_path, "cuda", "#!/bin/sh\necho 'per output token 1.000 ms' >&2\n"
+                 f"echo '{json.dumps({'features': {'gemv_tuning': tuning}})}'\n")
+    r = run("--out", tmp_path / "out", "goldens/tiny-llama/model", cuda)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[:2] == [
+        "tiny-llama cuda #1: per output token 1.000 ms",
+        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4, residual 2560x9728 c4/t4"]
+
