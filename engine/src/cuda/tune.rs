@@ -271,19 +271,21 @@ impl CudaBackend {
             let g = &group[0];
             let (rows, cols) = g.shape();
             let r = role(g.mode);
+            let kernels = kernels_for(g.mode, rows, cols);
             let hit = cached.iter().find(|s| {
                 s.role == r
                     && s.rows == rows
                     && s.cols == cols
                     && s.matrices == group.len()
                     && s.batches == batches
+                    && timed_these(s, &kernels)
             });
             if let Some(s) = hit {
                 shapes.push(s.clone());
                 continue;
             }
             timed = true;
-            let candidates = kernels_for(g.mode, rows, cols)
+            let candidates = kernels
                 .into_iter()
                 .map(|kernel| {
                     Ok(Candidate {
@@ -347,6 +349,15 @@ pub fn kernels_for(mode: GemvMode, rows: usize, cols: usize) -> Vec<GemvKernel> 
         .chain(tensor.into_iter().map(GemvKernel::TensorCores))
         .chain(others.iter().copied().map(GemvKernel::CudaCores))
         .collect()
+}
+
+/// Whether a cached tuning timed exactly `kernels`, in that order: one made when the candidates
+/// were others (a split since ruled out, a kernel since added) is timed again rather than trusted.
+fn timed_these(s: &ShapeTuning, kernels: &[GemvKernel]) -> bool {
+    s.candidates
+        .iter()
+        .map(|c| c.kernel)
+        .eq(kernels.iter().copied())
 }
 
 fn same_key(a: &ShapeTuning, b: &ShapeTuning) -> bool {
@@ -530,6 +541,19 @@ mod tests {
         for m in GemvMode::ALL {
             assert_eq!(role(m), role(m.on_tensor_cores().unwrap_or(m)));
         }
+    }
+
+    #[test]
+    fn a_cached_tuning_is_trusted_only_for_the_candidates_it_timed() {
+        let s = shape("residual", 4096, TensorCores(8), CudaCores(2));
+        assert!(timed_these(&s, &[CudaCores(2), TensorCores(8)]));
+        // Another order, a candidate more or fewer: timed again.
+        assert!(!timed_these(&s, &[TensorCores(8), CudaCores(2)]));
+        assert!(!timed_these(
+            &s,
+            &[CudaCores(2), TensorCores(8), CudaCores(4)]
+        ));
+        assert!(!timed_these(&s, &[CudaCores(2)]));
     }
 
     #[test]
