@@ -9,7 +9,7 @@ mod like;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::numbers::axes::{Axis, Better};
+use crate::numbers::axes::{Axis, Better, BATCH_PREFILL, BATCH_STEP};
 use crate::numbers::regress::{
     judge, ratios, Comparison, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
     EXIT_OK, EXIT_REGRESSED,
@@ -64,24 +64,38 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
         .collect();
     batches.sort_unstable();
     batches.dedup();
-    for b in batches {
+    for &b in &batches {
         v.push(Measured {
             name: format!("output throughput, batch {b}"),
             better: Better::Higher,
-            pick: Box::new(move |t| {
-                t.throughput_tok_s
-                    .get(&b.to_string())
-                    .map(|xs| {
-                        xs.iter()
-                            .enumerate()
-                            .map(|(i, x)| ((0, i as u32), *x))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            }),
+            pick: Box::new(move |t| per_repeat(t.throughput_tok_s.get(&b.to_string()))),
+        });
+    }
+    // A batch's prefill and decode step: in records from 0.5.0 on, empty (so not judged) before.
+    for &b in batches.iter().filter(|&&b| b > 1) {
+        v.push(Measured {
+            name: format!("{BATCH_PREFILL}, batch {b}"),
+            better: Better::Lower,
+            pick: Box::new(move |t| per_repeat(t.batch_prefill_s.get(&b))),
+        });
+        v.push(Measured {
+            name: format!("{BATCH_STEP}, batch {b}"),
+            better: Better::Lower,
+            pick: Box::new(move |t| per_repeat(t.batch_step_s.get(&b))),
         });
     }
     v
+}
+
+/// One figure per repeat, as samples of prompt 0.
+fn per_repeat(xs: Option<&Vec<f64>>) -> Keyed {
+    xs.map(|xs| {
+        xs.iter()
+            .enumerate()
+            .map(|(i, x)| ((0, i as u32), *x))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// The record's own table entry for this axis, or a stand-in with the axis's kind when the

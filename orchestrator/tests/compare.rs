@@ -167,6 +167,55 @@ fn ten_percent_slower_is_slower_in_ours_and_in_the_ratio_and_exits_1() {
 }
 
 #[test]
+fn a_batch_prefill_and_decode_step_are_judged_per_repeat_and_absent_ones_are_skipped() {
+    let d = tempfile::tempdir().unwrap();
+    let mut b = Synth::new("u", BASE_TREE, "2026-11-01T00:00:00Z");
+    b.batch_phases = true;
+    b.write(d.path());
+    let mut h = Synth::new("u", HEAD_TREE, "2026-11-02T00:00:00Z");
+    (h.batch_phases, h.seed, h.engine_scale) = (true, 2, 1.10);
+    h.write(d.path());
+    let (o, v) = compare(d.path(), BASE_TREE, "bbbbbbbb", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let vs = verdicts(&v);
+    for axis in ["prefill, batch 4", "decode step, batch 4"] {
+        for measure in ["ours", "ours/oracle"] {
+            assert!(
+                vs.contains(&(axis.into(), measure.into(), "SLOWER".into())),
+                "{axis} {measure}: {vs:?}"
+            );
+        }
+    }
+    // A base from before the split (no such samples) still compares the rest, the head's
+    // new rows named but never called faster or slower.
+    let d = tempfile::tempdir().unwrap();
+    Synth::new("u", BASE_TREE, "2026-11-01T00:00:00Z").write(d.path());
+    let mut h = Synth::new("u", HEAD_TREE, "2026-11-02T00:00:00Z");
+    h.batch_phases = true;
+    h.write(d.path());
+    let (o, v) = compare(d.path(), BASE_TREE, "bbbbbbbb", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let (new, old): (Vec<_>, Vec<_>) = verdicts(&v)
+        .into_iter()
+        .partition(|(axis, _, _)| axis.contains("batch 4") && !axis.contains("throughput"));
+    assert_eq!(new.len(), 4, "{new:?}");
+    assert!(new.iter().all(|(_, _, x)| x == "AMBIGUOUS"), "{new:?}");
+    assert!(old.iter().all(|(_, _, x)| x == "SAME"), "{old:?}");
+    let rows = v["units"][0]["rows"].as_array().unwrap();
+    let why = rows
+        .iter()
+        .find(|r| r["axis"] == "decode step, batch 4")
+        .unwrap();
+    assert!(
+        why["why"]
+            .as_str()
+            .unwrap()
+            .contains("base has 0 sample(s)"),
+        "{why}"
+    );
+}
+
+#[test]
 fn ten_percent_faster_is_faster_and_exits_0() {
     let d = tempfile::tempdir().unwrap();
     pair(d.path(), |h| h.engine_scale = 0.90);

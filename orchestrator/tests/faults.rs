@@ -180,6 +180,38 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
         md.contains("No gate refused; 3 verdict(s) above are not applicable"),
         "{md}"
     );
+    // Batch 2 is split into its prefill (max_tokens=1 at batch 2) and its decode step, one
+    // figure per repeat; the fake's step is its 3 prompts x 0.5 ms.
+    let kinds: Vec<(&str, u64, u64)> = engine["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["phase"] == "battery" && r["pass"] == 0)
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (r["kind"].as_str().unwrap(), n("batch"), n("max_tokens"))
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("first_token", 1, 1),
+            ("decode", 1, 8),
+            ("batch_first_token", 2, 1),
+            ("batch", 2, 8)
+        ]
+    );
+    let engine_t = &rec["timings"]["engine"];
+    for key in ["batch_prefill_s", "batch_step_s"] {
+        let v = engine_t[key]["2"].as_array().unwrap();
+        assert_eq!(v.len(), 2, "{key}: {v:?}");
+        assert!(v.iter().all(|x| x.as_f64().unwrap() > 0.0), "{key}: {v:?}");
+    }
+    let step = engine_t["batch_step_s"]["2"][0].as_f64().unwrap();
+    assert!((0.0012..0.05).contains(&step), "{step}");
+    assert!(md.contains("| decode step, batch 2 |"), "{md}");
+    assert!(md.contains("| prefill, batch 2 |"), "{md}");
+    assert!(md.contains("decode step at batch 2 "), "{md}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);

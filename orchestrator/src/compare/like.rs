@@ -7,6 +7,7 @@
 //! four H200 machines of one kind), and a ratio over a moved oracle reports our regression or
 //! gain that never happened. The host probe beside each leg says whether the host moved too.
 
+use crate::numbers::axes::{BATCH_PREFILL, BATCH_STEP};
 use crate::numbers::noise::LegNoise;
 use crate::numbers::regress::{judge, Subject, Thresholds, Verdict};
 use crate::record::archive::{GateView, RecordView, TimingsView};
@@ -220,16 +221,20 @@ pub fn spread_pct(t: &TimingsView, axis: &str) -> Option<f64> {
         t.throughput_tok_s
             .iter()
             .filter_map(|(b, v)| b.parse().ok().map(|b: u32| (b, v.clone()))),
-    );
+    )
+    .with_batch_phases(&t.batch_prefill_s, &t.batch_step_s);
     let s = match axis {
         "per output token" => n.per_token,
         "time to first token" => n.ttft,
         _ => {
-            let b: u32 = axis
-                .strip_prefix("output throughput, batch ")?
-                .parse()
-                .ok()?;
-            n.throughput.get(&b).cloned()
+            let (name, b) = axis.rsplit_once(", batch ")?;
+            let b: u32 = b.parse().ok()?;
+            match name {
+                "output throughput" => n.throughput.get(&b).cloned(),
+                BATCH_PREFILL => n.batch_prefill.get(&b).cloned(),
+                BATCH_STEP => n.batch_step.get(&b).cloned(),
+                _ => None,
+            }
         }
     };
     s.map(|s| s.spread_pct)

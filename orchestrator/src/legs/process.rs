@@ -316,6 +316,7 @@ pub(super) async fn run_passes(
                 RequestKind::FirstToken => format!("{tag}{pass}-n1"),
                 RequestKind::Decode => format!("{tag}{pass}-n{max_tokens}"),
                 RequestKind::Batch => format!("{tag}{pass}-b{batch}"),
+                RequestKind::BatchFirstToken => format!("{tag}{pass}-b{batch}n1"),
             };
             let sent = plan.prompts_for(batch);
             let (mut results, wall_s) = p

@@ -42,6 +42,9 @@ pub enum RequestKind {
     Decode,
     /// max_tokens = N at batch > 1: throughput.
     Batch,
+    /// max_tokens = 1 at batch > 1: the batch's prefill, every prompt to its first token; the
+    /// subtrahend of that batch's decode step.
+    BatchFirstToken,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -38,7 +38,8 @@ pub struct BatteryPlan {
 
 impl BatteryPlan {
     /// The requests of one pass: the timing recipe's max_tokens=1 and max_tokens=N at batch 1,
-    /// then max_tokens=N at each batch size above 1.
+    /// then the same two at each batch size above 1 (its prefill, then its throughput and, by
+    /// the difference, its decode step).
     pub fn pass(&self) -> Vec<(RequestKind, u32, u32)> {
         let mut v = vec![
             (RequestKind::FirstToken, 1, 1),
@@ -53,6 +54,7 @@ impl BatteryPlan {
         sizes.sort_unstable();
         sizes.dedup();
         for b in sizes {
+            v.push((RequestKind::BatchFirstToken, 1, b));
             v.push((RequestKind::Batch, self.max_tokens, b));
         }
         v
@@ -279,8 +281,8 @@ attention_backend = "FLASH_ATTN"
         for (i, p) in eight.iter().enumerate() {
             assert_eq!(p, &plan.prompts[i % 3]);
         }
-        // A pass: n1 and n4 at batch 1 (3 each), batch 2 (3), batch 8 (8).
-        assert_eq!(plan.prompts_per_pass(), 3 + 3 + 3 + 8);
+        // A pass: n1 and n4 at batch 1 (3 each), n1 and n4 at batch 2 (3 each) and 8 (8 each).
+        assert_eq!(plan.prompts_per_pass(), 3 + 3 + 2 * 3 + 2 * 8);
         assert!(filled::<u32>(&[], 8).is_empty());
         // Entry 7 of eight from three prompts: prompt 1, its third run (copy 2).
         assert_eq!(battery_row(7, 3), (1, 2));

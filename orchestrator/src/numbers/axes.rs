@@ -206,6 +206,30 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
             to.throughput_tok_s.get(&b).and_then(|x| median(x)),
         ));
     }
+    for (b, (prefill, step)) in batch_phases(te, to) {
+        let mut a = axis(
+            format!("{BATCH_PREFILL}, batch {b}"),
+            "s",
+            Better::Lower,
+            prefill.0,
+            prefill.1,
+        );
+        a.note = Some(format!(
+            "median wall of max_tokens=1 at batch {b}: every prompt prefilled to its first token"
+        ));
+        v.push(a);
+        let mut a = axis(
+            format!("{BATCH_STEP}, batch {b}"),
+            "s",
+            Better::Lower,
+            step.0,
+            step.1,
+        );
+        a.note = Some(format!(
+            "median of (wall(max_tokens=N) - wall(max_tokens=1)) / (N - 1) at batch {b}: one step of the whole batch"
+        ));
+        v.push(a);
+    }
     v.push(axis(
         "time to first token (median)".into(),
         "s",
@@ -214,6 +238,29 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
         median_of(&to.ttft_s),
     ));
     v
+}
+
+/// The axis of a batch's prefill (its max_tokens=1 request), by batch size.
+pub const BATCH_PREFILL: &str = "prefill";
+
+/// The axis of a batch's decode step, by batch size.
+pub const BATCH_STEP: &str = "decode step";
+
+type Pair = (Option<f64>, Option<f64>);
+
+/// By batch size above 1: the medians of (prefill, decode step), each as (ours, oracle).
+fn batch_phases(te: &Timings, to: &Timings) -> std::collections::BTreeMap<u32, (Pair, Pair)> {
+    let med =
+        |m: &std::collections::BTreeMap<u32, Vec<f64>>, b: u32| m.get(&b).and_then(|x| median(x));
+    te.batch_prefill_s
+        .keys()
+        .chain(to.batch_prefill_s.keys())
+        .map(|&b| {
+            let prefill = (med(&te.batch_prefill_s, b), med(&to.batch_prefill_s, b));
+            let step = (med(&te.batch_step_s, b), med(&to.batch_step_s, b));
+            (b, (prefill, step))
+        })
+        .collect()
 }
 
 /// Load time, peak host memory, the KV pool, and from the GPU sampler peak GPU memory and how
@@ -358,6 +405,28 @@ mod tests {
         assert_eq!(note("load (to ready)"), None);
         // The token gate's refusal of the engine marks our figures on every axis, not theirs.
         assert!(v.iter().all(|a| a.ours_refused && !a.oracle_refused));
+    }
+
+    #[test]
+    fn each_batch_above_1_gets_its_prefill_and_decode_step_beside_its_throughput() {
+        let (e, o) = (sampled("engine", 1980), sampled("oracle", 1980));
+        let mut te = Timings::default();
+        te.batch_prefill_s.insert(8, vec![0.09, 0.08, 0.10]);
+        te.batch_step_s.insert(8, vec![0.0055, 0.0050, 0.0060]);
+        let mut to = Timings::default();
+        to.batch_prefill_s.insert(8, vec![0.06, 0.06]);
+        to.batch_step_s.insert(8, vec![0.005, 0.005]);
+        let v = axes(&e, &o, &te, &to, &[]);
+        let row = |name: &str| v.iter().find(|a| a.axis == name).cloned().unwrap();
+        let prefill = row("prefill, batch 8");
+        assert_eq!((prefill.ours, prefill.oracle), (Some(0.09), Some(0.06)));
+        assert_eq!(prefill.words, "oracle 1.50x faster");
+        let step = row("decode step, batch 8");
+        assert_eq!((step.ours, step.oracle), (Some(0.0055), Some(0.005)));
+        assert_eq!(step.words, "oracle 1.10x faster");
+        assert!(step.is_speed() && step.note.unwrap().contains("one step of the whole batch"));
+        // Batch 1 has neither: its split is the per-token recipe's.
+        assert!(!v.iter().any(|a| a.axis.ends_with(", batch 1")));
     }
 
     #[test]

@@ -51,6 +51,18 @@ pub struct LegNoise {
     pub ttft: Option<Spread>,
     /// By batch size.
     pub throughput: BTreeMap<u32, Spread>,
+    /// By batch size above 1: the batch's prefill, and its decode step.
+    pub batch_prefill: BTreeMap<u32, Spread>,
+    pub batch_step: BTreeMap<u32, Spread>,
+}
+
+type ByBatch<'a> = &'a BTreeMap<u32, Vec<f64>>;
+
+fn spreads(by_batch: ByBatch) -> BTreeMap<u32, Spread> {
+    by_batch
+        .iter()
+        .filter_map(|(b, v)| spread(v.clone()).map(|s| (*b, s)))
+        .collect()
 }
 
 impl LegNoise {
@@ -66,7 +78,15 @@ impl LegNoise {
                 .into_iter()
                 .filter_map(|(b, v)| spread(v).map(|s| (b, s)))
                 .collect(),
+            ..LegNoise::default()
         }
+    }
+
+    /// With the spreads of each batch's prefill and decode step (per-repeat figures by batch).
+    pub fn with_batch_phases(mut self, prefill: ByBatch, step: ByBatch) -> LegNoise {
+        self.batch_prefill = spreads(prefill);
+        self.batch_step = spreads(step);
+        self
     }
 
     pub fn of(t: &Timings) -> LegNoise {
@@ -75,6 +95,7 @@ impl LegNoise {
             t.ttft_s.iter().map(|s| (s.pass, s.s)),
             t.throughput_tok_s.iter().map(|(b, v)| (*b, v.clone())),
         )
+        .with_batch_phases(&t.batch_prefill_s, &t.batch_step_s)
     }
 
     /// "per output token 2.310 / 2.330 ms (spread 0.87%); ..." or why there is none.
@@ -110,6 +131,20 @@ impl LegNoise {
                     .map(|x| fmt_num(*x))
                     .collect::<Vec<_>>()
                     .join(" / "),
+                s.spread_pct
+            ));
+        }
+        for (b, s) in &self.batch_prefill {
+            parts.push(format!(
+                "prefill at batch {b} {} ms (spread {:.2}%)",
+                times(s),
+                s.spread_pct
+            ));
+        }
+        for (b, s) in &self.batch_step {
+            parts.push(format!(
+                "decode step at batch {b} {} ms (spread {:.2}%)",
+                times(s),
                 s.spread_pct
             ));
         }

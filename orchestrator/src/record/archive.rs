@@ -142,6 +142,12 @@ pub struct TimingsView {
     /// JSON object keys are strings: "1", "4".
     #[serde(default)]
     pub throughput_tok_s: BTreeMap<String, Vec<f64>>,
+    /// By batch size above 1 (records from orchestrator 0.5.0 on): the batch's prefill and its
+    /// decode step, one figure per repeat.
+    #[serde(default)]
+    pub batch_prefill_s: BTreeMap<u32, Vec<f64>>,
+    #[serde(default)]
+    pub batch_step_s: BTreeMap<u32, Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -160,6 +160,7 @@ fn judged(rec: &RecordView) -> String {
                 .iter()
                 .filter_map(|(b, v)| b.parse::<u32>().ok().map(|b| (b, v.clone()))),
         )
+        .with_batch_phases(&t.batch_prefill_s, &t.batch_step_s)
     };
     let (e, o) = (leg(&rec.timings.engine), leg(&rec.timings.oracle));
     for l in noise::lines(&e, &o, per_token_ratio(&rec.axes)) {

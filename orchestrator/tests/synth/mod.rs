@@ -45,6 +45,8 @@ pub struct Synth {
     pub probe_ms: Option<f64>,
     /// The engine leg's median SM clock over its battery (none: not sampled).
     pub engine_sm_mhz: Option<f64>,
+    /// Batch 4 split into its prefill and decode step (records from orchestrator 0.5.0 on).
+    pub batch_phases: bool,
 }
 
 impl Synth {
@@ -69,6 +71,7 @@ impl Synth {
             oracle_scale: 1.0,
             probe_ms: None,
             engine_sm_mhz: None,
+            batch_phases: false,
         }
     }
 
@@ -95,6 +98,18 @@ impl Synth {
         (0..self.repeat)
             .map(|pass| {
                 base / leg_scale / self.machine_scale
+                    * (1.0 + self.noise * noise(self.seed, u64::from(pass) + salt * 10_000))
+            })
+            .collect()
+    }
+
+    /// One time per repeat.
+    fn per_repeat_s(&self, base_s: f64, leg_scale: f64, salt: u64) -> Vec<f64> {
+        (0..self.repeat)
+            .map(|pass| {
+                base_s
+                    * leg_scale
+                    * self.machine_scale
                     * (1.0 + self.noise * noise(self.seed, u64::from(pass) + salt * 10_000))
             })
             .collect()
@@ -149,6 +164,30 @@ impl Synth {
             Self::median(&e_b4),
             Self::median(&o_b4),
         );
+        let phases = self.batch_phases.then(|| {
+            [
+                (
+                    self.per_repeat_s(0.08, self.engine_scale, 9),
+                    self.per_repeat_s(0.06, o, 10),
+                ),
+                (
+                    self.per_repeat_s(0.005, self.engine_scale, 11),
+                    self.per_repeat_s(0.0055, o, 12),
+                ),
+            ]
+        });
+        for (name, (e, o)) in ["prefill, batch 4", "decode step, batch 4"]
+            .iter()
+            .zip(phases.iter().flatten())
+        {
+            axis(
+                name.to_string(),
+                "s",
+                Better::Lower,
+                Self::median(e),
+                Self::median(o),
+            );
+        }
         axis(
             "time to first token (median)".into(),
             "s",
@@ -233,6 +272,12 @@ impl Synth {
             if let Some(ms) = self.probe_ms {
                 rec["legs"][leg]["host_probe"] =
                     json!({"best_ms": ms, "ms": [ms], "cpu_model": "x86", "kernel": "6"});
+            }
+        }
+        if let Some([(ep, op), (es, os)]) = phases {
+            for (leg, p, st) in [("engine", ep, es), ("oracle", op, os)] {
+                rec["timings"][leg]["batch_prefill_s"] = json!({"4": p});
+                rec["timings"][leg]["batch_step_s"] = json!({"4": st});
             }
         }
         if let Some(mhz) = self.engine_sm_mhz {
