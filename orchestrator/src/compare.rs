@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::numbers::axes::{Axis, Better, BATCH_PREFILL, BATCH_STEP};
 use crate::numbers::regress::{
-    judge, ratios, Comparison, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
+    judge, ratios, Comparison, Row, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
     EXIT_OK, EXIT_REGRESSED,
 };
 use crate::record::archive::{self, RecordView, Rejected, SampleView, Stored, TimingsView};
@@ -155,6 +155,19 @@ fn per_prompt(base: &Keyed, head: &Keyed) -> (Vec<f64>, Vec<f64>) {
     (nb, nh)
 }
 
+/// Our absolute figures judged prompt by prompt, each normalised by its prompt's median.
+fn ours_row(what: Subject, [eb, eh]: [&Keyed; 2], why: Option<String>, t: &Thresholds) -> Row {
+    let (nb, nh) = per_prompt(eb, eh);
+    let mut row = judge(what, &nb, &nh, why, t);
+    // Shown as measured: a prompt only one side ran (or an axis the base predates) is left out
+    // of the test, not out of the figures.
+    let vals = |x: &Keyed| x.iter().map(|p| p.1).collect::<Vec<_>>();
+    let (b, h) = (vals(eb), vals(eh));
+    (row.base_median, row.head_median) = (::stats::median(&b), ::stats::median(&h));
+    (row.n_base, row.n_head) = (b.len(), h.len());
+    row
+}
+
 /// Two reasons not to judge, as one phrase.
 fn join(a: Option<String>, b: Option<String>) -> Option<String> {
     match (a, b) {
@@ -248,13 +261,8 @@ pub fn compare_unit(
             [b, h],
             t,
         );
-        let (nb, nh) = per_prompt(&eb, &eh);
-        let mut ours = judge(what("ours"), &nb, &nh, ours_why, t);
-        // Shown as measured: a prompt only one side ran (or an axis the base predates) is left
-        // out of the test, not out of the figures.
-        (ours.base_median, ours.head_median) = (::stats::median(&veb), ::stats::median(&veh));
-        (ours.n_base, ours.n_head) = (veb.len(), veh.len());
-        out.rows.push(ours);
+        out.rows
+            .push(ours_row(what("ours"), [&eb, &eh], ours_why, t));
         out.rows.push(judge(
             what("ours/oracle"),
             &ratios(&eb, &ob),

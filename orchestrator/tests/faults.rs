@@ -212,6 +212,10 @@ fn clean_fake_legs_pass_every_gate_and_write_record_and_table() {
     assert!(md.contains("| decode step, batch 2 |"), "{md}");
     assert!(md.contains("| prefill, batch 2 |"), "{md}");
     assert!(md.contains("decode step at batch 2 "), "{md}");
+    // And the sums done for the reader: each leg's request as prefill + 7 steps, and the gap.
+    assert!(md.contains("## Where each batch's time goes"), "{md}");
+    assert!(md.contains("- batch 2: a request takes ours "), "{md}");
+    assert!(md.contains(" + 7 steps x "), "{md}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("output throughput, batch 2"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::numbers::axes::{per_token_ratio, Axis};
 use crate::numbers::noise::{self, LegNoise};
+use crate::numbers::split;
 use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
 use crate::record::class;
 use crate::render::chart;
@@ -150,6 +151,17 @@ fn judged(rec: &RecordView) -> String {
         .filter(|x| !x.sentence.is_empty())
     {
         s.push_str(&format!("- clock explains: {}\n", esc(&x.sentence)));
+    }
+    let max_tokens = rec.unit.config["battery"]["max_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let gated = |a: &Axis| rec.gated(a, false);
+    let split = split::lines(&rec.axes, u32::try_from(max_tokens).unwrap_or(0), &gated);
+    if !split.is_empty() {
+        s.push_str(&format!("\n{}:\n\n", split::HEADING));
+        split
+            .iter()
+            .for_each(|l| s.push_str(&format!("- {}\n", esc(l))));
     }
     s.push_str("\nA/A noise (each leg's spread over its repeats of the battery, one load):\n\n");
     let leg = |t: &TimingsView| {

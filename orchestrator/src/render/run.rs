@@ -1,15 +1,16 @@
 //! What a run shows: its summary on the terminal and its Markdown file beside the record, both
 //! drawn from the record. Each holds the ratio table (render/table.rs), the gates' verdicts,
-//! what the samplers saw, the clock's explainable gap, each leg's A/A noise, the idle checks
-//! and the refusals.
+//! what the samplers saw, the clock's explainable gap, where each batch's time goes, each leg's
+//! A/A noise, the idle checks and the refusals.
 
 use std::path::Path;
 
-use crate::gates::GateResult;
+use crate::gates::{GateResult, Scope};
 use crate::legs::placement;
 use crate::legs::LegRecord;
-use crate::numbers::axes::per_token_ratio;
+use crate::numbers::axes::{per_token_ratio, Axis};
 use crate::numbers::noise::{self, LegNoise};
+use crate::numbers::split;
 use crate::record::Record;
 use crate::render::table::{ratio_markdown, ratio_terminal};
 
@@ -55,6 +56,15 @@ pub fn noise_lines(rec: &Record) -> Vec<String> {
     let e = LegNoise::of(&rec.timings.engine);
     let o = LegNoise::of(&rec.timings.oracle);
     noise::lines(&e, &o, per_token_ratio(&rec.axes))
+}
+
+/// Where each batch's time goes, an axis marked not gated where a refusal's scope concerns it.
+fn batch_split(rec: &Record) -> Vec<String> {
+    let scopes: Vec<Scope> = rec.gates.iter().filter_map(GateResult::withholds).collect();
+    let gated = |a: &Axis| {
+        !a.ours_refused && !a.oracle_refused && !scopes.iter().any(|s| a.concerned_by(s))
+    };
+    split::lines(&rec.axes, rec.unit.config.battery.max_tokens, &gated)
 }
 
 /// One line per leg: its sampler summary, or why there is none, and what sampling cost; the
@@ -135,6 +145,9 @@ pub fn terminal(rec: &Record, dir: &Path, json_path: &Path, md_path: &Path) -> S
     if let Some(x) = &rec.clock_explain {
         line(format!("clock: {}", x.sentence));
     }
+    for l in batch_split(rec) {
+        line(format!("batch split: {l}"));
+    }
     noise_lines(rec)
         .into_iter()
         .for_each(|l| line(format!("A/A noise: {l}")));
@@ -187,6 +200,11 @@ pub fn markdown(rec: &Record, json_path: &Path) -> String {
         ));
     }
     let item = |s: &mut String, l: &str| s.push_str(&format!("- {l}\n"));
+    let split = batch_split(rec);
+    if !split.is_empty() {
+        s.push_str(&format!("\n## {}\n\n", split::HEADING));
+        split.iter().for_each(|l| item(&mut s, l));
+    }
     s.push_str("\n## GPU and host sampling\n\n");
     for l in [&rec.legs.engine, &rec.legs.oracle] {
         item(&mut s, &sampler_line(l, Path::new("")));
