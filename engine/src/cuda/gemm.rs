@@ -58,7 +58,7 @@ impl Pass {
     pub fn rows(self) -> &'static [usize] {
         match self {
             Pass::Step => &[8, 16, plan::MAX_BATCH],
-            Pass::Prefill => &[16, 64, 128, 256, 512, PREFILL_CHUNK],
+            Pass::Prefill => &[16, 64, 128, 256, 512, 1024, PREFILL_CHUNK],
         }
     }
 }
@@ -910,13 +910,13 @@ mod tests {
     #[test]
     fn prefill_classes_start_where_the_class_below_stops_keeping_up() {
         let rows = Pass::Prefill.rows();
-        assert_eq!(rows, &[16, 64, 128, 256, 512, 1024]);
-        // Small tiles: fast up to 64 rows; large tiles from 128; a third fastest at 1,024 by
-        // 1% only, and one whose rows vary, fastest everywhere.
-        let small = algo(true, &[10.0, 12.0, 30.0, 60.0, 120.0, 240.0]);
-        let large = algo(true, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0]);
-        let third = algo(true, &[30.0, 30.0, 30.0, 40.0, 60.0, 79.2]);
-        let varies = algo(false, &[1.0; 6]);
+        assert_eq!(rows, &[16, 64, 128, 256, 512, 1024, 4096]);
+        // Small tiles: fast up to 64 rows; large tiles from 128; a third fastest at 1,024 and
+        // 4,096 by 1% only, and one whose rows vary, fastest everywhere.
+        let small = algo(true, &[10.0, 12.0, 30.0, 60.0, 120.0, 240.0, 960.0]);
+        let large = algo(true, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0, 300.0]);
+        let third = algo(true, &[30.0, 30.0, 30.0, 40.0, 60.0, 79.2, 297.0]);
+        let varies = algo(false, &[1.0; 7]);
         let c = [varies, small.clone(), large.clone(), third];
         let pins = pin_prefill(&c, rows).unwrap();
         assert_eq!(
@@ -924,7 +924,7 @@ mod tests {
             vec![
                 Pin { up_to: 64, algo: 1 },
                 Pin {
-                    up_to: 1024,
+                    up_to: 4096,
                     algo: 2
                 }
             ]
@@ -956,17 +956,17 @@ mod tests {
             vec![(2, 0, 500)]
         );
         // Against every candidate, the one whose rows vary included: what invariance costs.
-        assert_eq!(s.cost(), vec![10.0, 12.0, 21.0, 30.0, 45.0, 80.0]);
+        assert_eq!(s.cost(), vec![10.0, 12.0, 21.0, 30.0, 45.0, 80.0, 300.0]);
         // One kernel fastest everywhere: one class.
-        let c = [small, large, algo(true, &[9.0; 6])];
+        let c = [small, large, algo(true, &[9.0; 7])];
         assert_eq!(
             pin_prefill(&c, rows),
             Some(vec![Pin {
-                up_to: 1024,
+                up_to: 4096,
                 algo: 2
             }])
         );
-        assert_eq!(pin_prefill(&[algo(false, &[1.0; 6])], rows), None);
+        assert_eq!(pin_prefill(&[algo(false, &[1.0; 7])], rows), None);
     }
 
     #[test]

@@ -257,8 +257,11 @@ impl StepPath {
         }
     }
 }
-/// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length.
-pub const PREFILL_CHUNK: usize = 1024;
+/// Prompt tokens per prefill pass: bounds the prefill scratch whatever the prompt length. Each
+/// pass costs its longest segment's sequential Mamba scan and a host sync, so a batch's prompts
+/// go in as few passes as the scratch allows: the orchestrator's battery (8 prompts, 2,712
+/// tokens) in one (1,024 cut it into three: docs/ENGINE.md, session 19).
+pub const PREFILL_CHUNK: usize = 4096;
 
 /// One prompt's rows in a prefill pass: prompt `seq`'s positions `from..from + len`, at rows
 /// `row..row + len` of the pass.
@@ -1014,7 +1017,7 @@ mod tests {
 
     #[test]
     fn prefill_attention_tiles_cover_each_segment_once_longest_context_first() {
-        let passes = prefill_passes(&[1, 64, 65, 1500, 200], PREFILL_CHUNK);
+        let passes = prefill_passes(&[1, 64, 65, 1500, 200], 1024);
         for pass in &passes {
             let tiles = attention_prefill_tiles(pass);
             let mut covered = vec![0; pass.iter().map(|s| s.len).sum()];
@@ -1116,6 +1119,10 @@ mod tests {
             assert_eq!(next, len);
         }
         assert!(prefill_passes(&[], 1024).is_empty());
+        // The battery's eight prompts at batch 8: one pass; four times over at batch 32: three.
+        let battery = [5, 17, 60, 130, 250, 500, 750, 1000];
+        assert_eq!(prefill_passes(&battery, PREFILL_CHUNK).len(), 1);
+        assert_eq!(prefill_passes(&battery.repeat(4), PREFILL_CHUNK).len(), 3);
     }
 
     #[test]
