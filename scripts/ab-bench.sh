@@ -16,9 +16,10 @@
 #             --prompt-lens 16,1000 --repeat 3).
 #
 # Prints one line per run: MODEL LABEL #N: the engine's summary (per output token overall and by
-# prompt length, first token, throughput by batch, share of the bandwidth floor); on CUDA a second
-# line, indented, with the kernel the load-time tuning chose for each GEMV shape at batch 1 and at
-# batches 2-8 (c2: the CUDA cores at two warps per row, t4: the tensor cores at four per tile).
+# prompt length, first token, throughput by batch with its prefill and decode step, share of the
+# bandwidth floor); on CUDA a second line, indented, with the kernel the load-time tuning chose
+# for each GEMV shape at batch 1 and at batches 2-8 (c2: the CUDA cores at two warps per row, t4:
+# the tensor cores at four per tile).
 # Exit status 1 when a run failed (the others still run), 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -87,6 +87,7 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
     // NaN for no samples, as JSON's null.
     let median = |v: &[f64]| stats::median(v).unwrap_or(f64::NAN);
     let mut batches = serde_json::Map::new();
+    let mut phases = serde_json::Map::new();
     for &batch in &opts.batches {
         // `batch` prompts of the timed lengths in turn, all in flight at once.
         let batch_prompts: Vec<Vec<u32>> = (0..batch)
@@ -99,13 +100,22 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
             })
             .collect();
         run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
-        let mut tps = Vec::new();
+        // The orchestrator's split of a batch (docs/PROTOCOL.md): its prefill is the wall of
+        // max_tokens = 1, its decode step what each further token adds.
+        let (mut tps, mut prefill, mut step) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..opts.repeat {
+            let (_, first) = run(engine, batch_prompts.clone(), 1, batch)?;
             let (r, wall) = run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
             let n: usize = r.iter().map(|x| x.tokens.len()).sum();
             tps.push(n as f64 / wall);
+            prefill.push(first);
+            step.push((wall - first) / (opts.batch_tokens.max(2) - 1) as f64);
         }
         batches.insert(batch.to_string(), median(&tps).into());
+        phases.insert(
+            batch.to_string(),
+            serde_json::json!({"prefill_s": median(&prefill), "step_s": median(&step)}),
+        );
     }
     let spread = |v: &[f64]| {
         let m = median(v);
@@ -141,6 +151,8 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         // Output tokens per second by batch size; the first also as batch_throughput_tok_s.
         "batch_throughput_tok_s": opts.batches.first().and_then(|b| batches.get(&b.to_string())).cloned(),
         "batches": batches,
+        // By batch size: the median prefill (max_tokens = 1) and decode step.
+        "batch_phases": phases,
         "timed_s": started.elapsed().as_secs_f64(),
         "prompt_lens": opts.prompt_lens,
         "max_tokens": opts.max_tokens,
@@ -180,10 +192,17 @@ mod tests {
             repeat: 3,
             ttft_len: 8,
             batches: vec![2],
-            batch_tokens: 2,
+            batch_tokens: 6,
             seed: 1,
         };
         let out = bench(&mut engine, &opts).unwrap();
+        // Batch 2's wall split: its prefill, and the step each of its 5 further tokens added.
+        let phases = &out["batch_phases"]["2"];
+        let (prefill, step) = (
+            phases["prefill_s"].as_f64().unwrap(),
+            phases["step_s"].as_f64().unwrap(),
+        );
+        assert!(prefill > 0.0 && step > 0.0, "{phases}");
         let samples: Vec<f64> = out["per_output_token_samples"]
             .as_array()
             .unwrap()

@@ -277,7 +277,18 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
         .iter()
         .map(|b| {
             let tps = out["batches"][b.to_string()].as_f64().unwrap_or(f64::NAN);
-            format!("batch {b} x {} tokens: {tps:.0} tok/s", args.batch_tokens)
+            let phase = |k: &str| {
+                out["batch_phases"][b.to_string()][k]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+                    * 1e3
+            };
+            format!(
+                "batch {b} x {} tokens: {tps:.0} tok/s (prefill {:.2} ms, step {:.3} ms)",
+                args.batch_tokens,
+                phase("prefill_s"),
+                phase("step_s")
+            )
         })
         .collect();
     eprintln!(
