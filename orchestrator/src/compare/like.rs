@@ -8,7 +8,6 @@
 //! gain that never happened. The host probe beside each leg says whether the host moved too.
 
 use crate::numbers::axes::{BATCH_PREFILL, BATCH_STEP};
-use crate::numbers::noise::LegNoise;
 use crate::numbers::regress::{judge, Subject, Thresholds, Verdict};
 use crate::record::archive::{GateView, RecordView, TimingsView};
 use crate::util::fmt::fmt_num;
@@ -215,14 +214,7 @@ fn probe_says(slower: f64, [b, h]: [&RecordView; 2]) -> String {
 
 /// A leg's A/A spread (percent) on the axis `compare` names `axis`, from its per-repeat figures.
 pub fn spread_pct(t: &TimingsView, axis: &str) -> Option<f64> {
-    let n = LegNoise::new(
-        t.per_token_s.iter().map(|s| (s.pass, s.s)),
-        t.ttft_s.iter().map(|s| (s.pass, s.s)),
-        t.throughput_tok_s
-            .iter()
-            .filter_map(|(b, v)| b.parse().ok().map(|b: u32| (b, v.clone()))),
-    )
-    .with_batch_phases(&t.batch_prefill_s, &t.batch_step_s);
+    let n = t.noise();
     let s = match axis {
         "per output token" => n.per_token,
         "time to first token" => n.ttft,

@@ -206,29 +206,39 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
             to.throughput_tok_s.get(&b).and_then(|x| median(x)),
         ));
     }
-    for (b, (prefill, step)) in batch_phases(te, to) {
-        let mut a = axis(
-            format!("{BATCH_PREFILL}, batch {b}"),
-            "s",
-            Better::Lower,
-            prefill.0,
-            prefill.1,
-        );
-        a.note = Some(format!(
-            "median wall of max_tokens=1 at batch {b}: every prompt prefilled to its first token"
-        ));
-        v.push(a);
-        let mut a = axis(
-            format!("{BATCH_STEP}, batch {b}"),
-            "s",
-            Better::Lower,
-            step.0,
-            step.1,
-        );
-        a.note = Some(format!(
-            "median of (wall(max_tokens=N) - wall(max_tokens=1)) / (N - 1) at batch {b}: one step of the whole batch"
-        ));
-        v.push(a);
+    // A batch's prefill and decode step, where either leg split it (batch sizes above 1).
+    let split: std::collections::BTreeSet<u32> = te
+        .batch_prefill_s
+        .keys()
+        .chain(to.batch_prefill_s.keys())
+        .copied()
+        .collect();
+    type ByBatch = fn(&Timings) -> &std::collections::BTreeMap<u32, Vec<f64>>;
+    for b in split {
+        let phases: [(&str, String, ByBatch); 2] = [
+            (
+                BATCH_PREFILL,
+                format!("median wall of max_tokens=1 at batch {b}: every prompt prefilled to its first token"),
+                |t| &t.batch_prefill_s,
+            ),
+            (
+                BATCH_STEP,
+                format!("median of (wall(max_tokens=N) - wall(max_tokens=1)) / (N - 1) at batch {b}: one step of the whole batch"),
+                |t| &t.batch_step_s,
+            ),
+        ];
+        for (name, note, of) in phases {
+            let med = |t: &Timings| of(t).get(&b).and_then(|x| median(x));
+            let mut a = axis(
+                format!("{name}, batch {b}"),
+                "s",
+                Better::Lower,
+                med(te),
+                med(to),
+            );
+            a.note = Some(note);
+            v.push(a);
+        }
     }
     v.push(axis(
         "time to first token (median)".into(),
@@ -245,23 +255,6 @@ pub const BATCH_PREFILL: &str = "prefill";
 
 /// The axis of a batch's decode step, by batch size.
 pub const BATCH_STEP: &str = "decode step";
-
-type Pair = (Option<f64>, Option<f64>);
-
-/// By batch size above 1: the medians of (prefill, decode step), each as (ours, oracle).
-fn batch_phases(te: &Timings, to: &Timings) -> std::collections::BTreeMap<u32, (Pair, Pair)> {
-    let med =
-        |m: &std::collections::BTreeMap<u32, Vec<f64>>, b: u32| m.get(&b).and_then(|x| median(x));
-    te.batch_prefill_s
-        .keys()
-        .chain(to.batch_prefill_s.keys())
-        .map(|&b| {
-            let prefill = (med(&te.batch_prefill_s, b), med(&to.batch_prefill_s, b));
-            let step = (med(&te.batch_step_s, b), med(&to.batch_step_s, b));
-            (b, (prefill, step))
-        })
-        .collect()
-}
 
 /// Load time, peak host memory, the KV pool, and from the GPU sampler peak GPU memory and how
 /// busy the GPU was (absent without a GPU: "not measured", never zero).

@@ -134,19 +134,17 @@ impl LegNoise {
                 s.spread_pct
             ));
         }
-        for (b, s) in &self.batch_prefill {
-            parts.push(format!(
-                "prefill at batch {b} {} ms (spread {:.2}%)",
-                times(s),
-                s.spread_pct
-            ));
-        }
-        for (b, s) in &self.batch_step {
-            parts.push(format!(
-                "decode step at batch {b} {} ms (spread {:.2}%)",
-                times(s),
-                s.spread_pct
-            ));
+        for (phase, by_batch) in [
+            ("prefill", &self.batch_prefill),
+            ("decode step", &self.batch_step),
+        ] {
+            for (b, s) in by_batch {
+                parts.push(format!(
+                    "{phase} at batch {b} {} ms (spread {:.2}%)",
+                    times(s),
+                    s.spread_pct
+                ));
+            }
         }
         if parts.is_empty() {
             format!("{leg}: no A/A figure (fewer than two completed repeats)")

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::gates::{stored_scope, Scope};
 use crate::legs::LegName;
 use crate::numbers::axes::Axis;
+use crate::numbers::noise::LegNoise;
 pub use crate::record::legstate::{ClockView, ProbeView, SamplerView, SummaryView};
 use crate::record::SCHEMA;
 
@@ -148,6 +149,20 @@ pub struct TimingsView {
     pub batch_prefill_s: BTreeMap<u32, Vec<f64>>,
     #[serde(default)]
     pub batch_step_s: BTreeMap<u32, Vec<f64>>,
+}
+
+impl TimingsView {
+    /// The leg's A/A noise, as `LegNoise::of` reads it from a run's own timings.
+    pub fn noise(&self) -> LegNoise {
+        LegNoise::new(
+            self.per_token_s.iter().map(|x| (x.pass, x.s)),
+            self.ttft_s.iter().map(|x| (x.pass, x.s)),
+            self.throughput_tok_s
+                .iter()
+                .filter_map(|(b, v)| b.parse::<u32>().ok().map(|b| (b, v.clone()))),
+        )
+        .with_batch_phases(&self.batch_prefill_s, &self.batch_step_s)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use crate::numbers::axes::{per_token_ratio, Axis};
-use crate::numbers::noise::{self, LegNoise};
+use crate::numbers::noise;
 use crate::numbers::split;
-use crate::record::archive::{self, RecordView, Rejected, Stored, TimingsView};
+use crate::record::archive::{self, RecordView, Rejected, Stored};
 use crate::record::class;
 use crate::render::chart;
 use crate::render::run::{leg_suffix, verdict_tag, Format};
@@ -164,17 +164,7 @@ fn judged(rec: &RecordView) -> String {
             .for_each(|l| s.push_str(&format!("- {}\n", esc(l))));
     }
     s.push_str("\nA/A noise (each leg's spread over its repeats of the battery, one load):\n\n");
-    let leg = |t: &TimingsView| {
-        LegNoise::new(
-            t.per_token_s.iter().map(|x| (x.pass, x.s)),
-            t.ttft_s.iter().map(|x| (x.pass, x.s)),
-            t.throughput_tok_s
-                .iter()
-                .filter_map(|(b, v)| b.parse::<u32>().ok().map(|b| (b, v.clone()))),
-        )
-        .with_batch_phases(&t.batch_prefill_s, &t.batch_step_s)
-    };
-    let (e, o) = (leg(&rec.timings.engine), leg(&rec.timings.oracle));
+    let (e, o) = (rec.timings.engine.noise(), rec.timings.oracle.noise());
     for l in noise::lines(&e, &o, per_token_ratio(&rec.axes)) {
         s.push_str(&format!("- {}\n", esc(&l)));
     }
