@@ -15,12 +15,20 @@
 //! GEMM; which algorithm a prompt's rows run depends on its own length only, so its bits are
 //! those of its prefill alone.
 //!
+//! Candidates that give the same bits are *twins* ([`Algo::bits`]): each sums an output over K in
+//! the same order, whatever its tile. A GEMM may run any twin of its pin, so each runs the twin
+//! fastest at its row count, and neighbouring classes whose pins are twins share one GEMM. On
+//! the H200 (cuBLASLt 13) every split-free candidate of a prefill shape is a twin of every other,
+//! so a pass is one GEMM per weight however its prompts' lengths mix (session 20, docs/ENGINE.md);
+//! the step's candidates fall into three or four families.
+//!
 //! The candidates for a shape are cuBLASLt's heuristic picks at each of the pass's row counts
 //! ([`Pass::rows`]; pointers 16-byte aligned, as a range starting at any row is), as cuBLASLt
 //! gives them and with split-K forced off; each is checked at load, not assumed: rows 0-7 of a
 //! GEMM over the largest row count, and 8 rows from just past half-way down, must have the bits
 //! of GEMMs over those 8 rows alone, and row 0 those of a GEMM of one row (random inputs, the
-//! model's own weights). A candidate that fails is kept in the report, never chosen. Each is
+//! model's own weights); the rows read, and the last 8, are its print, and equal prints make
+//! twins. A candidate that fails is kept in the report, never chosen. Each is
 //! timed at each row count (the best of three timings, so a stray slow one does not decide).
 //! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
 //! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
@@ -94,6 +102,10 @@ pub struct Algo {
     pub reduction: u32,
     /// Whether a row's bits were the same at every row count checked.
     pub invariant: bool,
+    /// The first candidate whose GEMM over the largest row count gave the same bits as this
+    /// one's in every row read: candidates with equal `bits` sum each output in one order, so
+    /// one may run in place of another without a row's bits telling.
+    pub bits: usize,
     /// Microseconds per GEMM at each of the shape's `rows`.
     pub us: Vec<f64>,
 }
@@ -142,9 +154,28 @@ impl GemmShape {
         self.pins[self.class(len)].algo
     }
 
-    /// A prefill pass's GEMMs: (candidate, first row, rows) for each class present among the
-    /// `pieces` (prompt length, rows), which come shortest prompt first, so a class's rows are
-    /// one range.
+    /// The candidate a GEMM of `rows` rows runs for `algo`: the fastest of its twins at the first
+    /// timed row count that covers `rows` (the largest where none does); `algo` on a tie.
+    fn runner(&self, algo: usize, rows: usize) -> usize {
+        let r = self
+            .rows
+            .iter()
+            .position(|&n| rows <= n)
+            .unwrap_or(self.rows.len() - 1);
+        (0..self.candidates.len())
+            .filter(|&i| twins(&self.candidates, i, algo))
+            .fold(algo, |b, i| {
+                if self.candidates[i].us[r] < self.candidates[b].us[r] {
+                    i
+                } else {
+                    b
+                }
+            })
+    }
+
+    /// A prefill pass's GEMMs: (candidate, first row, rows) over the `pieces` (prompt length,
+    /// rows), which come shortest prompt first, so a class's rows are one range; neighbouring
+    /// classes whose pins are twins share one GEMM, which runs the twin fastest at its rows.
     fn ranges<'a>(
         &'a self,
         pieces: &'a [(usize, usize)],
@@ -152,23 +183,24 @@ impl GemmShape {
         let (mut from, mut i) = (0, 0);
         std::iter::from_fn(move || {
             while i < pieces.len() {
-                let c = self.class(pieces[i].0);
+                let lead = self.pinned(pieces[i].0);
                 let start = from;
-                while i < pieces.len() && self.class(pieces[i].0) == c {
+                while i < pieces.len() && twins(&self.candidates, self.pinned(pieces[i].0), lead) {
                     from += pieces[i].1;
                     i += 1;
                 }
                 if from > start {
-                    return Some((self.pins[c].algo, start, from - start));
+                    return Some((self.runner(lead, from - start), start, from - start));
                 }
             }
             None
         })
     }
 
-    /// The candidates in use.
+    /// The candidates that may run: the pins and their twins.
     fn in_use(&self) -> impl Iterator<Item = usize> + '_ {
-        self.pins.iter().map(|p| p.algo)
+        (0..self.candidates.len())
+            .filter(|&i| self.pins.iter().any(|p| twins(&self.candidates, i, p.algo)))
     }
 
     /// What pinning costs at each row count: the time of the candidate those rows run (as one
@@ -178,10 +210,26 @@ impl GemmShape {
             .iter()
             .enumerate()
             .map(|(r, &rows)| {
-                self.candidates[self.pinned(rows)].us[r] / best_at(&self.candidates, r)
+                self.candidates[self.runner(self.pinned(rows), rows)].us[r]
+                    / best_at(&self.candidates, r)
             })
             .collect()
     }
+}
+
+/// Whether candidate `a` may run in place of `b`: the same one, or both row-invariant and giving
+/// the same bits.
+fn twins(candidates: &[Algo], a: usize, b: usize) -> bool {
+    let (ca, cb) = (&candidates[a], &candidates[b]);
+    a == b || (ca.invariant && cb.invariant && ca.bits == cb.bits)
+}
+
+/// The time at row count `r` of the fastest twin of `c` (which runs in its place there).
+fn twin_best(candidates: &[Algo], c: usize, r: usize) -> f64 {
+    (0..candidates.len())
+        .filter(|&i| twins(candidates, i, c))
+        .map(|i| candidates[i].us[r])
+        .fold(f64::INFINITY, f64::min)
 }
 
 fn best_at(candidates: &[Algo], r: usize) -> f64 {
@@ -192,28 +240,25 @@ fn best_at(candidates: &[Algo], r: usize) -> f64 {
 }
 
 /// The rule: among the row-invariant candidates, the smallest sum over the row counts of the
-/// time over the fastest candidate's time there; the first invariant candidate unless another's
-/// sum is [`tune::MARGIN`] smaller. None when no candidate is row-invariant.
+/// time (its fastest twin's) over the fastest candidate's time there; the first invariant
+/// candidate unless another's sum is [`tune::MARGIN`] smaller. None when no candidate is
+/// row-invariant.
 pub fn choose(candidates: &[Algo]) -> Option<usize> {
     let rows = candidates.first()?.us.len();
-    let score = |c: &Algo| -> f64 { (0..rows).map(|r| c.us[r] / best_at(candidates, r)).sum() };
+    let score = |c: usize| -> f64 {
+        (0..rows)
+            .map(|r| twin_best(candidates, c, r) / best_at(candidates, r))
+            .sum()
+    };
     let first = candidates.iter().position(|c| c.invariant)?;
     let best = (0..candidates.len())
         .filter(|&i| candidates[i].invariant)
-        .fold(first, |b, i| {
-            if score(&candidates[i]) < score(&candidates[b]) {
-                i
-            } else {
-                b
-            }
-        });
-    Some(
-        if score(&candidates[best]) < (1.0 - tune::MARGIN) * score(&candidates[first]) {
-            best
-        } else {
-            first
-        },
-    )
+        .fold(first, |b, i| if score(i) < score(b) { i } else { b });
+    Some(if score(best) < (1.0 - tune::MARGIN) * score(first) {
+        best
+    } else {
+        first
+    })
 }
 
 /// The step's pin: one candidate by [`choose`] over every row count, for every batch.
@@ -226,8 +271,9 @@ pub fn pin_step(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
 }
 
 /// Prefill's pins: from the smallest row count up, the class so far reaches a row count where
-/// its candidate runs within [`tune::MARGIN`] of the fastest invariant one there; elsewhere a
-/// new class starts with that fastest one. None when no candidate is row-invariant.
+/// its candidate or a twin of it runs within [`tune::MARGIN`] of the fastest invariant one
+/// there; elsewhere a new class starts with that fastest one. None when no candidate is
+/// row-invariant.
 pub fn pin_prefill(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
     let fastest = |r: usize| {
         (0..candidates.len())
@@ -239,7 +285,8 @@ pub fn pin_prefill(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
         let best = fastest(r)?;
         match pins.last_mut() {
             Some(p)
-                if candidates[p.algo].us[r] <= (1.0 + tune::MARGIN) * candidates[best].us[r] =>
+                if twin_best(candidates, p.algo, r)
+                    <= (1.0 + tune::MARGIN) * candidates[best].us[r] =>
             {
                 p.up_to = up_to
             }
@@ -477,6 +524,7 @@ impl Lt {
             split_k: get(algo, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
             reduction: get(algo, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
             invariant: false,
+            bits: 0,
             us: Vec::new(),
         };
         let mut out_algos = Vec::new();
@@ -658,7 +706,7 @@ impl CudaBackend {
             )
         };
         match rows {
-            Rows::Step(n) => run(shape.pinned(n), 0, n),
+            Rows::Step(n) => run(shape.runner(shape.pinned(n), n), 0, n),
             Rows::Prefill(pieces) => shape
                 .ranges(pieces)
                 .try_for_each(|(algo, from, count)| run(algo, from, count)),
@@ -747,19 +795,30 @@ impl CudaBackend {
             buf.read_at(row * out, &mut v, &self.stream)?;
             Ok(v.into_iter().map(f32::to_bits).collect())
         };
+        // Each candidate's bits in the rows read of its GEMM over `max` rows (the last 8 too, a
+        // partial tile where any is): equal prints, twins.
+        let mut prints: Vec<Vec<u32>> = Vec::new();
         for c in &mut candidates {
             let a = sys::cublasLtMatmulAlgo_t { data: c.data };
             run(&a, x.ptr, y.ptr, max)?;
             let mut same = true;
             let n = 8.min(max);
+            let mut print = read(&y, max - n, n)?;
             for (from, count) in [(0, n), (0, 1)]
                 .into_iter()
                 .chain(offset_rows(max).map(|o| (o, 8)))
             {
                 run(&a, x.at(from * inp, BF16), y_small.ptr, count)?;
-                same &= read(&y, from, count)? == read(&y_small, 0, count)?;
+                let whole = read(&y, from, count)?;
+                same &= whole == read(&y_small, 0, count)?;
+                print.extend(whole);
             }
             c.invariant = same;
+            c.bits = prints
+                .iter()
+                .position(|p| *p == print)
+                .unwrap_or(prints.len());
+            prints.push(print);
             c.us = rows
                 .iter()
                 .map(|&r| {
@@ -873,7 +932,9 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
+    /// A candidate that is nobody's twin.
     fn algo(invariant: bool, us: &[f64]) -> Algo {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1000);
         Algo {
             data: [0; 8],
             id: 0,
@@ -885,6 +946,7 @@ mod tests {
             split_k: 1,
             reduction: 0,
             invariant,
+            bits: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             us: us.to_vec(),
         }
     }
@@ -996,6 +1058,107 @@ mod tests {
             tune_s: 0.0,
         };
         assert_eq!(s.cost(), vec![2.0, 1.0]);
+    }
+
+    fn twin(bits: usize, us: &[f64]) -> Algo {
+        Algo {
+            bits,
+            ..algo(true, us)
+        }
+    }
+
+    fn prefill_shape(candidates: Vec<Algo>, pins: Vec<Pin>) -> GemmShape {
+        GemmShape {
+            key: "k".into(),
+            out: 8,
+            inp: 8,
+            pass: Pass::Prefill,
+            rows: Pass::Prefill.rows().to_vec(),
+            candidates,
+            pins,
+            cost: Vec::new(),
+            tune_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn twins_of_neighbouring_classes_run_as_one_gemm_through_the_fastest_at_its_rows() {
+        // Candidates 0 and 2 give the same bits (group 0); 1 does not (group 1); 3 would, but
+        // its rows vary, so it never runs.
+        let small = twin(0, &[10.0, 12.0, 30.0, 60.0, 120.0, 240.0, 960.0]);
+        let other = twin(1, &[20.0, 14.0, 25.0, 40.0, 50.0, 90.0, 350.0]);
+        let large = twin(0, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0, 300.0]);
+        let varies = Algo {
+            bits: 0,
+            ..algo(false, &[1.0; 7])
+        };
+        let s = prefill_shape(
+            vec![small, other, large, varies],
+            vec![
+                Pin { up_to: 16, algo: 0 },
+                Pin { up_to: 64, algo: 1 },
+                Pin {
+                    up_to: 4096,
+                    algo: 2,
+                },
+            ],
+        );
+        // A lone prompt runs the fastest twin of its class's pin at its length, never one
+        // whose rows vary.
+        assert_eq!(s.runner(0, 5), 0);
+        assert_eq!(s.runner(0, 300), 2);
+        assert_eq!(s.runner(2, 16), 0);
+        assert_eq!(s.runner(1, 300), 1);
+        // 5-, 200- and 700-token prompts (classes 0, 2 and 2; 0 and 2 twins): one GEMM of 905
+        // rows through the twin fastest at 1,024 rows.
+        assert_eq!(
+            s.ranges(&[(5, 5), (200, 200), (700, 700)])
+                .collect::<Vec<_>>(),
+            vec![(2, 0, 905)]
+        );
+        // A 40-token prompt between them (class 1, no twin of theirs): three GEMMs.
+        assert_eq!(
+            s.ranges(&[(5, 5), (40, 40), (700, 700)])
+                .collect::<Vec<_>>(),
+            vec![(0, 0, 5), (1, 5, 40), (2, 45, 700)]
+        );
+        // What a class costs is its fastest twin's time over the fastest candidate's (the one
+        // whose rows vary, at 1 us): 128 rows run candidate 2, 16 rows candidate 0.
+        assert_eq!(s.cost(), vec![10.0, 14.0, 21.0, 30.0, 45.0, 80.0, 300.0]);
+    }
+
+    #[test]
+    fn a_class_reaches_as_far_as_a_twin_of_its_pin_keeps_up() {
+        let rows = Pass::Prefill.rows();
+        // 0 is fastest at 16 rows, its twin 2 from 64 up, 1 (no twin) within a hair of 2: one
+        // class, where without twins 0's class would stop at 16.
+        let c = [
+            twin(0, &[10.0, 30.0, 60.0, 120.0, 240.0, 480.0, 1900.0]),
+            twin(1, &[20.0, 20.5, 21.0, 30.0, 45.0, 80.0, 300.0]),
+            twin(0, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0, 300.0]),
+        ];
+        assert_eq!(
+            pin_prefill(&c, rows),
+            Some(vec![Pin {
+                up_to: 4096,
+                algo: 0
+            }])
+        );
+        // The step's choice scores a candidate by its fastest twin: 0 and 2 together beat 1.
+        let c = [
+            twin(0, &[10.0, 30.0, 60.0]),
+            twin(1, &[12.0, 12.0, 12.0]),
+            twin(0, &[20.0, 11.0, 11.0]),
+        ];
+        assert_eq!(choose(&c), Some(0));
+        let s = GemmShape {
+            pass: Pass::Step,
+            rows: Pass::Step.rows().to_vec(),
+            ..prefill_shape(c.to_vec(), pin_step(&c, Pass::Step.rows()).unwrap())
+        };
+        assert_eq!(s.runner(s.pinned(4), 4), 0);
+        assert_eq!(s.runner(s.pinned(12), 12), 2);
+        assert_eq!(s.runner(s.pinned(32), 32), 2);
     }
 
     #[test]
