@@ -130,7 +130,8 @@ __device__ __forceinline__ float ssm_dt(float dt_raw, float dtb, float dt_min) {
 // v = v * da + dt B x (da = exp(dt A)), then the split's share of y = v . C, its `split` parts
 // added by shuffles in a fixed order; returns that sum plus D x. `b` and `c` point at this
 // thread's `per` values of B and C; VEC: 16-byte aligned, read four at a time (prefill's staged
-// copies, padded to whole float4s), else one at a time (decode, straight from global memory).
+// copies, padded to whole float4s, and decode's rows where the model's widths keep them aligned),
+// else one at a time (decode, straight from global memory).
 // The same expressions in the same order either way, so decode and prefill agree bit for bit.
 template <bool VEC>
 __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, const float* b, const float* c,
@@ -180,13 +181,21 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 // dt B x, y = state . C + D x. ssm_state: [slots][heads][N][hd] (a channel's N values strided
 // by hd). y: [rows][inner]. dt_min: transformers clamps dt from below in its prefill scan only (0
 // in decode). dt_bias, A (= -exp(A_log)) and D per head are f32, as vLLM keeps A and D.
-extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const float* __restrict__ xbc,
-                                     const int* __restrict__ starts, int in_dim, int inner, int conv_dim,
-                                     int heads, int hd, int n_state, int groups, int split, int tile,
-                                     const float* __restrict__ dt_bias, const float* __restrict__ a,
-                                     const float* __restrict__ d, float* __restrict__ ssm_state,
-                                     const int* __restrict__ slots, const int* __restrict__ positions,
-                                     float dt_min, float* __restrict__ y) {
+//
+// STEP: the decode step's form (tile 0: a row at a time straight from global memory), compiled
+// as a kernel of its own (mamba_ssm_step) so that its registers are not the prefill staging's.
+#define MAMBA_SSM_PARAMS                                                                                \
+    const float *__restrict__ zxbcdt, const float *__restrict__ xbc, const int *__restrict__ starts,   \
+        int in_dim, int inner, int conv_dim, int heads, int hd, int n_state, int groups, int split,     \
+        int tile, const float *__restrict__ dt_bias, const float *__restrict__ a,                       \
+        const float *__restrict__ d, float *__restrict__ ssm_state, const int *__restrict__ slots,      \
+        const int *__restrict__ positions, float dt_min, float *__restrict__ y
+#define MAMBA_SSM_ARGS \
+    zxbcdt, xbc, starts, in_dim, inner, conv_dim, heads, hd, n_state, groups, split, tile, dt_bias, a, d, \
+        ssm_state, slots, positions, dt_min, y
+
+template <bool STEP>
+__device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     extern __shared__ __align__(16) float staged[];
     pdl_launch_dependents();
     const int h = blockIdx.x, s = blockIdx.y;
@@ -203,12 +212,15 @@ extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const flo
         if (j < per) v[j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd];
     pdl_wait();
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
-    if (tile == 0) {
+    if (STEP) {
+        // B and C four at a time where every thread's share starts 16-byte aligned.
+        const bool vec = ((conv_dim | inner | n_state | per) & 3) == 0;
         for (int row = r0; row < r1; row++) {
             const float* xr = xbc + (size_t)row * conv_dim;
             const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
-            const float out = ssm_row<false>(v, per, xr + b_off + n0, xr + c_off + n0, dt, expf(dt * ah),
-                                             xr[h * hd + i], dh, split);
+            const float *b = xr + b_off + n0, *c = xr + c_off + n0;
+            const float out = vec ? ssm_row<true>(v, per, b, c, dt, expf(dt * ah), xr[h * hd + i], dh, split)
+                                  : ssm_row<false>(v, per, b, c, dt, expf(dt * ah), xr[h * hd + i], dh, split);
             if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
         }
     } else {
@@ -270,9 +282,37 @@ extern "C" __global__ void mamba_ssm(const float* __restrict__ zxbcdt, const flo
         if (j < per) st[(size_t)(n0 + j) * hd] = v[j];
 }
 
+// Both forms at most 64 registers (the bounds of a 1,024-thread block), so four blocks of 256
+// threads share a multiprocessor: the prefill form took 102 (125 with the step's path in the same
+// kernel), two blocks, and the scan of a pass and the decode step at batch 8 (1,024 blocks on the
+// 8B) ran in twice the waves. ptxas fits the prefill form in 64 without spilling.
+extern "C" __global__ void __launch_bounds__(1024) mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_SSM_ARGS); }
+
+extern "C" __global__ void __launch_bounds__(1024) mamba_ssm_step(MAMBA_SSM_PARAMS) {
+    ssm_scan<true>(MAMBA_SSM_ARGS);
+}
+
+// y * silu(z) of four channels from j0 of a group's row: one 16-byte load of each where `vec`
+// (the rows and groups start 16-byte aligned), else one at a time, zero past the group's end.
+__device__ __forceinline__ void gated4(const float* yr, const float* zr, int j0, int gs, bool vec,
+                                       float (&v)[4]) {
+    if (vec) {
+        const float4 y4 = *reinterpret_cast<const float4*>(yr + j0);
+        const float4 z4 = *reinterpret_cast<const float4*>(zr + j0);
+        v[0] = y4.x * silu_f(z4.x), v[1] = y4.y * silu_f(z4.y);
+        v[2] = y4.z * silu_f(z4.z), v[3] = y4.w * silu_f(z4.w);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = j0 + k < gs ? yr[j0 + k] * silu_f(zr[j0 + k]) : 0.0f;
+    }
+}
+
 // One block per (group, row): y * silu(z), RMSNorm over the group's inner / groups channels,
 // times the weight, into f32 (the decode GEMV's input) and/or bf16 (the prefill GEMM's); a null
-// output is not written.
+// output is not written. Each thread takes four consecutive channels at a time (from 4 x its
+// index, a block's width apart), so a group of 1,024 channels is 256 threads of one 16-byte load
+// of y and of z each; the second pass reads them again from L1. Decode and prefill launch it
+// alike (ops.rs), so a row's sum of squares runs in one order in both.
 extern "C" __global__ void mamba_gated_norm(const float* __restrict__ y, const float* __restrict__ zxbcdt,
                                             int in_dim, int inner, int groups, const bf16* __restrict__ norm_w,
                                             float eps, float* __restrict__ out_f32, bf16* __restrict__ out_bf16) {
@@ -282,31 +322,64 @@ extern "C" __global__ void mamba_gated_norm(const float* __restrict__ y, const f
     const int g = blockIdx.x, row = blockIdx.y, gs = inner / groups;
     const float* yr = y + (size_t)row * inner + (size_t)g * gs;
     const float* zr = zxbcdt + (size_t)row * in_dim + (size_t)g * gs;
+    const bool vec = ((gs | inner | in_dim) & 3) == 0;
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < gs; j += blockDim.x) {
-        const float v = yr[j] * silu_f(zr[j]);
-        ss += v * v;
+    for (int j0 = 4 * threadIdx.x; j0 < gs; j0 += 4 * blockDim.x) {
+        float v[4];
+        gated4(yr, zr, j0, gs, vec, v);
+#pragma unroll
+        for (int k = 0; k < 4; k++) ss += v[k] * v[k];
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)gs + eps);
     const size_t o = (size_t)row * inner + (size_t)g * gs;
-    for (int j = threadIdx.x; j < gs; j += blockDim.x) {
-        const float v = bf2f(norm_w[(size_t)g * gs + j]) * ((yr[j] * silu_f(zr[j])) * inv);
-        if (out_f32) out_f32[o + j] = v;
-        if (out_bf16) out_bf16[o + j] = f2bf(v);
+    const bf16* wg = norm_w + (size_t)g * gs;
+    for (int j0 = 4 * threadIdx.x; j0 < gs; j0 += 4 * blockDim.x) {
+        float v[4];
+        gated4(yr, zr, j0, gs, vec, v);
+        if (vec) {
+            const uint2 w2 = *reinterpret_cast<const uint2*>(wg + j0);
+            const float w[4] = {bf_lo(w2.x), bf_hi(w2.x), bf_lo(w2.y), bf_hi(w2.y)};
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = w[k] * (v[k] * inv);
+            if (out_f32) *reinterpret_cast<float4*>(out_f32 + o + j0) = make_float4(v[0], v[1], v[2], v[3]);
+            if (out_bf16)
+                *reinterpret_cast<uint2*>(out_bf16 + o + j0) =
+                    make_uint2((unsigned)f2bf(v[0]) | ((unsigned)f2bf(v[1]) << 16),
+                               (unsigned)f2bf(v[2]) | ((unsigned)f2bf(v[3]) << 16));
+        } else {
+            for (int k = 0; k < 4 && j0 + k < gs; k++) {
+                const float r = bf2f(wg[j0 + k]) * (v[k] * inv);
+                if (out_f32) out_f32[o + j0 + k] = r;
+                if (out_bf16) out_bf16[o + j0 + k] = f2bf(r);
+            }
+        }
     }
 }
 
 // Nemotron-H's MLP activation: relu(x)^2 of `n` values, into f32 (in place in decode) and/or bf16
-// (the prefill GEMM's input); a null output is not written.
-extern "C" __global__ void relu2(const float* __restrict__ x, int n, float* __restrict__ out_f32,
-                                 bf16* __restrict__ out_bf16) {
+// (the prefill GEMM's input); a null output is not written. Four values a thread, 16-byte loads
+// where every pointer allows (one at a time otherwise), as swiglu.cu.
+extern "C" __global__ void relu2(const float* x, int n, float* out_f32, bf16* __restrict__ out_bf16) {
     pdl_launch_dependents();
     pdl_wait();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float r = fmaxf(x[i], 0.0f);
-        if (out_f32) out_f32[i] = r * r;
-        if (out_bf16) out_bf16[i] = f2bf(r * r);
+    const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i0 >= n) return;
+    const bool vec = i0 + 4 <= n && ((((size_t)x | (size_t)out_f32) & 15) | ((size_t)out_bf16 & 7)) == 0;
+    if (vec) {
+        const float4 x4 = *reinterpret_cast<const float4*>(x + i0);
+        float r[4] = {fmaxf(x4.x, 0.0f), fmaxf(x4.y, 0.0f), fmaxf(x4.z, 0.0f), fmaxf(x4.w, 0.0f)};
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = r[k] * r[k];
+        if (out_f32) *reinterpret_cast<float4*>(out_f32 + i0) = make_float4(r[0], r[1], r[2], r[3]);
+        if (out_bf16)
+            *reinterpret_cast<uint2*>(out_bf16 + i0) = make_uint2(
+                (unsigned)f2bf(r[0]) | ((unsigned)f2bf(r[1]) << 16), (unsigned)f2bf(r[2]) | ((unsigned)f2bf(r[3]) << 16));
+    } else {
+        for (int i = i0; i < min(i0 + 4, n); i++) {
+            const float r = fmaxf(x[i], 0.0f);
+            if (out_f32) out_f32[i] = r * r;
+            if (out_bf16) out_bf16[i] = f2bf(r * r);
+        }
     }
 }

@@ -264,6 +264,7 @@ mod tests {
             "score_forced",
             "mamba_conv",
             "mamba_ssm",
+            "mamba_ssm_step",
             "mamba_gated_norm",
             "relu2",
         ];

@@ -120,7 +120,9 @@ pub(super) struct Funcs {
     pub lm_head_logits: [Vec<CudaFunction>; 2],
     pub score: CudaFunction,
     pub mamba_conv: CudaFunction,
+    /// The prefill scan, and the decode step's form of it (mamba.cu).
     pub mamba_ssm: CudaFunction,
+    pub mamba_ssm_step: CudaFunction,
     pub mamba_gated_norm: CudaFunction,
     pub relu2: CudaFunction,
     /// gemv[mode.index()][batch - 1] for every [`GemvMode`].
@@ -553,6 +555,7 @@ impl Funcs {
             score: k("score_forced")?,
             mamba_conv: k("mamba_conv")?,
             mamba_ssm: k("mamba_ssm")?,
+            mamba_ssm_step: k("mamba_ssm_step")?,
             mamba_gated_norm: k("mamba_gated_norm")?,
             relu2: k("relu2")?,
             gemv,

@@ -142,13 +142,20 @@ fn launch_mixer(
         zx_d.ptr, starts_d.ptr, i(segs), i(conv_rows), i(in_dim), i(inner), i(conv_dim),
         i(m.conv_kernel), dev[0].ptr, dev[1].ptr, r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
     .unwrap();
-    launch!(&k("mamba_ssm"), stream, false, (m.num_heads as u32, segs as u32, 1), (m.head_dim * split) as u32,
+    // Decode (tile 0) is the step's kernel, as ops.rs launches it.
+    let ssm = k(if tile == 0 {
+        "mamba_ssm_step"
+    } else {
+        "mamba_ssm"
+    });
+    launch!(&ssm, stream, false, (m.num_heads as u32, segs as u32, 1), (m.head_dim * split) as u32,
         plan::mamba_scan_smem_bytes(m, tile);
         zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
         i(m.d_state), i(m.n_groups), i(split), i(tile), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
         slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
     .unwrap();
-    launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, rows as u32, 1), 256, 0;
+    launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, rows as u32, 1),
+        plan::mamba_norm_threads(m), 0;
         r.y.ptr, zx_d.ptr, i(in_dim), i(inner), i(m.n_groups), dev[5].ptr, m.eps, r.out.ptr, 0u64)
     .unwrap();
     let mut got = vec![0f32; rows * inner];
@@ -316,4 +323,12 @@ fn relu2_squares_the_positive_part() {
         .map(|&v| half::bf16::from_bits(v).to_f32())
         .collect();
     assert_eq!(widened, [0.0, 0.0, 0.0, 0.25, 9.0]);
+    // From a pointer 4 bytes past 16-byte alignment: one value at a time, the same values.
+    let x = upload(&[7.0f32, -1.0, 2.0, -3.0, 0.5, 4.0]);
+    launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0;
+        x.ptr + 4, 5i32, x.ptr + 4, 0u64)
+    .unwrap();
+    let mut got = [0f32; 6];
+    x.read(&mut got, &stream).unwrap();
+    assert_eq!(got, [7.0, 0.0, 4.0, 0.0, 0.25, 16.0]);
 }

@@ -307,18 +307,22 @@ impl CudaBackend {
         } else {
             0
         };
-        launch!(&self.f.mamba_ssm, &self.stream, self.pdl,
+        let ssm = if m.prefill {
+            &self.f.mamba_ssm
+        } else {
+            &self.f.mamba_ssm_step
+        };
+        launch!(ssm, &self.stream, self.pdl,
             (hy.num_heads as u32, m.segments as u32, 1), (hy.head_dim * split) as u32,
             plan::mamba_scan_smem_bytes(hy, tile);
             m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
             i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,
             w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
         self.mark("mamba_ssm", 0)?;
-        // One thread per channel of a group (up to 1,024): a block per (group, row) is all the
-        // parallelism there is at batch 1 (8 blocks on the 8B).
-        let threads = (inner / hy.n_groups).next_multiple_of(32).min(1024) as u32;
+        // A block per (group, row) is all the parallelism there is at batch 1 (8 blocks on the
+        // 8B).
         launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,
-            (hy.n_groups as u32, m.rows as u32, 1), threads, 0;
+            (hy.n_groups as u32, m.rows as u32, 1), plan::mamba_norm_threads(hy), 0;
             m.y, m.zxbcdt, i(in_dim), i(inner), i(hy.n_groups), w.gate_norm.ptr, hy.eps, m.out_f32,
             m.out_bf16)?;
         self.mark("mamba_gated_norm", 0)
@@ -345,14 +349,15 @@ impl CudaBackend {
             return self.relu2(up, rows * width, 0, act_bf16);
         }
         launch!(&self.f.swiglu, &self.stream, self.pdl,
-            ((width as u32).div_ceil(256), rows as u32, 1), 256, 0;
+            (width.div_ceil(256 * plan::ACT_VALUES) as u32, rows as u32, 1), 256, 0;
             up, act_bf16, width as i32)?;
         self.mark("swiglu", 0)
     }
 
     /// relu(x)^2 of `n` values of `x` into f32 and/or bf16 (0 = not written).
     pub(super) fn relu2(&self, x: u64, n: usize, out_f32: u64, out_bf16: u64) -> Result<()> {
-        launch!(&self.f.relu2, &self.stream, self.pdl, ((n as u32).div_ceil(256), 1, 1), 256, 0;
+        launch!(&self.f.relu2, &self.stream, self.pdl,
+            (n.div_ceil(256 * plan::ACT_VALUES) as u32, 1, 1), 256, 0;
             x, n as i32, out_f32, out_bf16)?;
         self.mark("relu2", 0)
     }

@@ -87,6 +87,18 @@ pub fn mamba_ssm_split(d_state: usize) -> Option<usize> {
 pub const MAMBA_CONV_ROWS: usize = 16;
 const _: () = assert!(MAMBA_CONV_ROWS >= MAMBA_MAX_WINDOW);
 
+/// Threads of a `mamba_gated_norm` block (mamba.cu), decode and prefill alike: four channels of
+/// the group each, in whole warps, at most 1,024.
+pub fn mamba_norm_threads(m: &crate::hybrid::Mamba) -> u32 {
+    (m.inner() / m.n_groups)
+        .div_ceil(4)
+        .next_multiple_of(32)
+        .min(1024) as u32
+}
+
+/// Values of a `swiglu` or `relu2` thread, and so the width a block of 256 covers.
+pub const ACT_VALUES: usize = 4;
+
 /// Block rows of a prefill `mamba_conv` over segments of these lengths: chunks of `rows_per`.
 pub fn mamba_conv_chunks(lens: impl IntoIterator<Item = usize>, rows_per: usize) -> usize {
     lens.into_iter().map(|n| n.div_ceil(rows_per)).sum()
@@ -694,6 +706,12 @@ pub fn lm_head_blocks(cfg: &ModelConfig) -> usize {
         cfg.vocab_size,
         lm_head_ksplit(cfg.vocab_size, cfg.hidden_size),
     ) as usize
+}
+
+/// Slices of a row `argmax_rows` (argmax.cu) reduces in blocks of their own: up to 32, as many
+/// as the decode buffers' `parts` holds per row (the lm_head GEMV's blocks).
+pub fn argmax_parts(cfg: &ModelConfig) -> usize {
+    lm_head_blocks(cfg).min(32)
 }
 
 /// Elements of every decode buffer, for `max_batch` sequences.

@@ -184,9 +184,13 @@ impl CudaBackend {
             rows,
             false,
         )?;
-        launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
-            d.logits.ptr, self.cfg.vocab_size as i32, d.tokens.ptr, d.positions.ptr, 1i32)?;
-        self.mark("argmax_rows", 0)
+        let nparts = plan::argmax_parts(&self.cfg);
+        launch!(&self.f.argmax_rows, &self.stream, self.pdl, (batch as u32, nparts as u32, 1), 256, 0;
+            d.logits.ptr, self.cfg.vocab_size as i32, d.parts.ptr)?;
+        self.mark("argmax_rows", 0)?;
+        launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
+            d.parts.ptr, nparts as i32, d.tokens.ptr, d.positions.ptr, 1i32)?;
+        self.mark("argmax_final", 0)
     }
 
     /// A sublayer's two decode GEMVs over the decode buffers: the one that reads the residual
