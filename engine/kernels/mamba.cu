@@ -198,7 +198,11 @@ template <bool STEP>
 __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     extern __shared__ __align__(16) float staged[];
     pdl_launch_dependents();
-    const int h = blockIdx.x, s = blockIdx.y;
+    // A pass holds its prompts shortest first (plan.rs prefill_passes), and blocks start in the
+    // order of their index: prefill takes its segments from the last, so the longest scans start
+    // first and the short ones fill in behind them (as attention_prefill's tiles do), rather than
+    // the longest starting in the last wave.
+    const int h = blockIdx.x, s = STEP ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
     const int i = threadIdx.x / split, q = threadIdx.x % split;
     const int per = n_state / split, n0 = q * per;
     const float ah = a[h], dh = d[h], dtb = dt_bias[h];
@@ -282,12 +286,14 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
         if (j < per) st[(size_t)(n0 + j) * hd] = v[j];
 }
 
-// Both forms at most 64 registers (the bounds of a 1,024-thread block), so four blocks of 256
-// threads share a multiprocessor: the prefill form took 102 (125 with the step's path in the same
-// kernel), two blocks, and the scan of a pass and the decode step at batch 8 (1,024 blocks on the
-// 8B) ran in twice the waves. ptxas fits the prefill form in 64 without spilling.
-extern "C" __global__ void __launch_bounds__(1024) mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_SSM_ARGS); }
+extern "C" __global__ void mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_SSM_ARGS); }
 
+// At most 64 registers (the bounds of a 1,024-thread block; ptxas spills 16 bytes), so four
+// blocks of 256 threads share a multiprocessor where the step's path inside mamba_ssm took 125
+// registers, two blocks: the decode step at batch 8 is 1,024 blocks on the 8B. The same bounds
+// on the prefill form (102 registers, 64 without spilling) made Nemotron-H-8B's battery prefill
+// no faster and its single 250-token prompt slower, its scan being one long chain per block
+// (session 20, docs/ENGINE.md).
 extern "C" __global__ void __launch_bounds__(1024) mamba_ssm_step(MAMBA_SSM_PARAMS) {
     ssm_scan<true>(MAMBA_SSM_ARGS);
 }

@@ -296,9 +296,10 @@ impl Segment {
 /// is cut alone (every `chunk` positions), and those pieces packed, shortest prompt first (in
 /// order among prompts of one length), into passes of at most `chunk` rows, a piece that does
 /// not fit starting the next pass. A piece is one segment. A pass's GEMMs run over all of its
-/// rows, or in two parts where a shape pins a second algorithm for short prompts (gemm.rs): the
-/// order puts a pass's short prompts first, so each part is one range of rows. The row-wise
-/// kernels (norms, attention, the Mamba scan over every segment at once) run over the whole pass.
+/// rows, or in parts where a shape pins algorithms of different bits for short and long prompts
+/// (gemm.rs): the order puts a pass's short prompts first, so each part is one range of rows.
+/// The row-wise kernels (norms, attention, the Mamba scan over every segment at once, longest
+/// first) run over the whole pass.
 pub fn prefill_passes(lens: &[usize], chunk: usize) -> Vec<Vec<Segment>> {
     let mut passes = Vec::new();
     let mut cur: Vec<Segment> = Vec::new();
