@@ -162,15 +162,7 @@ impl GemmShape {
             .iter()
             .position(|&n| rows <= n)
             .unwrap_or(self.rows.len() - 1);
-        (0..self.candidates.len())
-            .filter(|&i| twins(&self.candidates, i, algo))
-            .fold(algo, |b, i| {
-                if self.candidates[i].us[r] < self.candidates[b].us[r] {
-                    i
-                } else {
-                    b
-                }
-            })
+        fastest_twin(&self.candidates, algo, r)
     }
 
     /// A prefill pass's GEMMs: (candidate, first row, rows) over the `pieces` (prompt length,
@@ -224,12 +216,22 @@ fn twins(candidates: &[Algo], a: usize, b: usize) -> bool {
     a == b || (ca.invariant && cb.invariant && ca.bits == cb.bits)
 }
 
-/// The time at row count `r` of the fastest twin of `c` (which runs in its place there).
-fn twin_best(candidates: &[Algo], c: usize, r: usize) -> f64 {
+/// The twin of `c` fastest at row count `r` (which runs in its place there); `c` on a tie.
+fn fastest_twin(candidates: &[Algo], c: usize, r: usize) -> usize {
     (0..candidates.len())
         .filter(|&i| twins(candidates, i, c))
-        .map(|i| candidates[i].us[r])
-        .fold(f64::INFINITY, f64::min)
+        .fold(c, |b, i| {
+            if candidates[i].us[r] < candidates[b].us[r] {
+                i
+            } else {
+                b
+            }
+        })
+}
+
+/// The time at row count `r` of the fastest twin of `c`.
+fn twin_best(candidates: &[Algo], c: usize, r: usize) -> f64 {
+    candidates[fastest_twin(candidates, c, r)].us[r]
 }
 
 fn best_at(candidates: &[Algo], r: usize) -> f64 {
