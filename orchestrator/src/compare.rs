@@ -9,7 +9,7 @@ mod like;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::numbers::axes::{Axis, Better, BATCH_PREFILL, BATCH_STEP};
+use crate::numbers::axes::{batch_axis, Axis, Better, BATCH_PREFILL, BATCH_STEP, THROUGHPUT};
 use crate::numbers::regress::{
     judge, ratios, Comparison, Row, Side, Subject, Thresholds, UnitComparison, Verdict, EXIT_ERROR,
     EXIT_OK, EXIT_REGRESSED,
@@ -66,7 +66,7 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
     batches.dedup();
     for &b in &batches {
         v.push(Measured {
-            name: format!("output throughput, batch {b}"),
+            name: batch_axis(THROUGHPUT, b),
             better: Better::Higher,
             pick: Box::new(move |t| per_repeat(t.throughput_tok_s.get(&b.to_string()))),
         });
@@ -74,12 +74,12 @@ fn measured_axes(base: &RecordView, head: &RecordView) -> Vec<Measured> {
     // A batch's prefill and decode step: in records from 0.5.0 on, empty (so not judged) before.
     for &b in batches.iter().filter(|&&b| b > 1) {
         v.push(Measured {
-            name: format!("{BATCH_PREFILL}, batch {b}"),
+            name: batch_axis(BATCH_PREFILL, b),
             better: Better::Lower,
             pick: Box::new(move |t| per_repeat(t.batch_prefill_s.get(&b))),
         });
         v.push(Measured {
-            name: format!("{BATCH_STEP}, batch {b}"),
+            name: batch_axis(BATCH_STEP, b),
             better: Better::Lower,
             pick: Box::new(move |t| per_repeat(t.batch_step_s.get(&b))),
         });

@@ -7,7 +7,7 @@
 //! four H200 machines of one kind), and a ratio over a moved oracle reports our regression or
 //! gain that never happened. The host probe beside each leg says whether the host moved too.
 
-use crate::numbers::axes::{BATCH_PREFILL, BATCH_STEP};
+use crate::numbers::axes::{batch_of, BATCH_PREFILL, BATCH_STEP, THROUGHPUT};
 use crate::numbers::regress::{judge, Subject, Thresholds, Verdict};
 use crate::record::archive::{GateView, RecordView, TimingsView};
 use crate::util::fmt::fmt_num;
@@ -219,10 +219,9 @@ pub fn spread_pct(t: &TimingsView, axis: &str) -> Option<f64> {
         "per output token" => n.per_token,
         "time to first token" => n.ttft,
         _ => {
-            let (name, b) = axis.rsplit_once(", batch ")?;
-            let b: u32 = b.parse().ok()?;
+            let (name, b) = batch_of(axis)?;
             match name {
-                "output throughput" => n.throughput.get(&b).cloned(),
+                THROUGHPUT => n.throughput.get(&b).cloned(),
                 BATCH_PREFILL => n.batch_prefill.get(&b).cloned(),
                 BATCH_STEP => n.batch_step.get(&b).cloned(),
                 _ => None,

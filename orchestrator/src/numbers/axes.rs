@@ -199,7 +199,7 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
     batches.dedup();
     for b in batches {
         v.push(axis(
-            format!("output throughput, batch {b}"),
+            batch_axis(THROUGHPUT, b),
             "tok/s",
             Better::Higher,
             te.throughput_tok_s.get(&b).and_then(|x| median(x)),
@@ -229,13 +229,7 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
         ];
         for (name, note, of) in phases {
             let med = |t: &Timings| of(t).get(&b).and_then(|x| median(x));
-            let mut a = axis(
-                format!("{name}, batch {b}"),
-                "s",
-                Better::Lower,
-                med(te),
-                med(to),
-            );
+            let mut a = axis(batch_axis(name, b), "s", Better::Lower, med(te), med(to));
             a.note = Some(note);
             v.push(a);
         }
@@ -250,11 +244,25 @@ fn timing_axes(te: &Timings, to: &Timings) -> Vec<Axis> {
     v
 }
 
+/// The axis of the throughput at a batch size.
+pub const THROUGHPUT: &str = "output throughput";
+
 /// The axis of a batch's prefill (its max_tokens=1 request), by batch size.
 pub const BATCH_PREFILL: &str = "prefill";
 
 /// The axis of a batch's decode step, by batch size.
 pub const BATCH_STEP: &str = "decode step";
+
+/// The name of axis `name` at batch size `b`, as the table, `compare` and the split name it.
+pub fn batch_axis(name: &str, b: u32) -> String {
+    format!("{name}, batch {b}")
+}
+
+/// The axis name and batch size of a [`batch_axis`] name.
+pub fn batch_of(axis: &str) -> Option<(&str, u32)> {
+    let (name, b) = axis.rsplit_once(", batch ")?;
+    Some((name, b.parse().ok()?))
+}
 
 /// Load time, peak host memory, the KV pool, and from the GPU sampler peak GPU memory and how
 /// busy the GPU was (absent without a GPU: "not measured", never zero).

@@ -3,7 +3,7 @@
 //! legs split the same way, so that a reader sees whether a throughput gap is prefill, decode
 //! or both without doing the sums.
 
-use crate::numbers::axes::{Axis, BATCH_PREFILL, BATCH_STEP};
+use crate::numbers::axes::{batch_axis, batch_of, Axis, BATCH_PREFILL, BATCH_STEP};
 use crate::util::fmt::fmt_num;
 
 /// The heading the lines go under.
@@ -18,14 +18,11 @@ pub fn lines(axes: &[Axis], max_tokens: u32, gated: &dyn Fn(&Axis) -> bool) -> V
         return v;
     }
     let steps = f64::from(max_tokens - 1);
-    for prefill in axes.iter().filter(|a| a.axis.starts_with(BATCH_PREFILL)) {
-        let Some(b) = prefill
-            .axis
-            .strip_prefix(&format!("{BATCH_PREFILL}, batch "))
-        else {
+    for prefill in axes.iter() {
+        let Some((BATCH_PREFILL, b)) = batch_of(&prefill.axis) else {
             continue;
         };
-        let name = format!("{BATCH_STEP}, batch {b}");
+        let name = batch_axis(BATCH_STEP, b);
         let Some(step) = axes.iter().find(|a| a.axis == name) else {
             continue;
         };
