@@ -29,6 +29,11 @@ __device__ __forceinline__ bf16 f2bf(float f) {
 __device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Four floats narrowed to bf16, packed for one 8-byte store (the inverse of bf_lo / bf_hi).
+__device__ __forceinline__ uint2 bf4(float a, float b, float c, float d) {
+    return make_uint2((unsigned)f2bf(a) | ((unsigned)f2bf(b) << 16), (unsigned)f2bf(c) | ((unsigned)f2bf(d) << 16));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

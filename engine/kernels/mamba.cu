@@ -349,10 +349,7 @@ extern "C" __global__ void mamba_gated_norm(const float* __restrict__ y, const f
 #pragma unroll
             for (int k = 0; k < 4; k++) v[k] = w[k] * (v[k] * inv);
             if (out_f32) *reinterpret_cast<float4*>(out_f32 + o + j0) = make_float4(v[0], v[1], v[2], v[3]);
-            if (out_bf16)
-                *reinterpret_cast<uint2*>(out_bf16 + o + j0) =
-                    make_uint2((unsigned)f2bf(v[0]) | ((unsigned)f2bf(v[1]) << 16),
-                               (unsigned)f2bf(v[2]) | ((unsigned)f2bf(v[3]) << 16));
+            if (out_bf16) *reinterpret_cast<uint2*>(out_bf16 + o + j0) = bf4(v[0], v[1], v[2], v[3]);
         } else {
             for (int k = 0; k < 4 && j0 + k < gs; k++) {
                 const float r = bf2f(wg[j0 + k]) * (v[k] * inv);
@@ -378,9 +375,7 @@ extern "C" __global__ void relu2(const float* x, int n, float* out_f32, bf16* __
 #pragma unroll
         for (int k = 0; k < 4; k++) r[k] = r[k] * r[k];
         if (out_f32) *reinterpret_cast<float4*>(out_f32 + i0) = make_float4(r[0], r[1], r[2], r[3]);
-        if (out_bf16)
-            *reinterpret_cast<uint2*>(out_bf16 + i0) = make_uint2(
-                (unsigned)f2bf(r[0]) | ((unsigned)f2bf(r[1]) << 16), (unsigned)f2bf(r[2]) | ((unsigned)f2bf(r[3]) << 16));
+        if (out_bf16) *reinterpret_cast<uint2*>(out_bf16 + i0) = bf4(r[0], r[1], r[2], r[3]);
     } else {
         for (int i = i0; i < min(i0 + 4, n); i++) {
             const float r = fmaxf(x[i], 0.0f);

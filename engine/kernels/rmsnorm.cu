@@ -44,10 +44,6 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const bf16* __re
         const float4 o = make_float4(bf_lo(wb.x) * (v[k].x * inv), bf_hi(wb.x) * (v[k].y * inv),
                                      bf_lo(wb.y) * (v[k].z * inv), bf_hi(wb.y) * (v[k].w * inv));
         if (out_f32) reinterpret_cast<float4*>(out_f32 + row * hidden)[i] = o;
-        if (out_bf16) {
-            const unsigned lo = (unsigned)f2bf(o.x) | ((unsigned)f2bf(o.y) << 16);
-            const unsigned hi = (unsigned)f2bf(o.z) | ((unsigned)f2bf(o.w) << 16);
-            reinterpret_cast<uint2*>(out_bf16 + row * hidden)[i] = make_uint2(lo, hi);
-        }
+        if (out_bf16) reinterpret_cast<uint2*>(out_bf16 + row * hidden)[i] = bf4(o.x, o.y, o.z, o.w);
     }
 }

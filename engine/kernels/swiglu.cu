@@ -19,9 +19,8 @@ extern "C" __global__ void swiglu(const float* __restrict__ gu, bf16* __restrict
     if ((inter & 3) == 0) {
         const float4 g4 = *reinterpret_cast<const float4*>(g + j0);
         const float4 u4 = *reinterpret_cast<const float4*>(u + j0);
-        *reinterpret_cast<uint2*>(o + j0) = make_uint2(
-            (unsigned)f2bf(swiglu_f(g4.x, u4.x)) | ((unsigned)f2bf(swiglu_f(g4.y, u4.y)) << 16),
-            (unsigned)f2bf(swiglu_f(g4.z, u4.z)) | ((unsigned)f2bf(swiglu_f(g4.w, u4.w)) << 16));
+        *reinterpret_cast<uint2*>(o + j0) =
+            bf4(swiglu_f(g4.x, u4.x), swiglu_f(g4.y, u4.y), swiglu_f(g4.z, u4.z), swiglu_f(g4.w, u4.w));
     } else {
         for (int j = j0; j < min(j0 + 4, inter); j++) o[j] = f2bf(swiglu_f(g[j], u[j]));
     }
