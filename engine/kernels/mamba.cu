@@ -126,18 +126,23 @@ __device__ __forceinline__ float ssm_dt(float dt_raw, float dtb, float dt_min) {
     return fmaxf(softplus(dt_raw + dtb), dt_min);
 }
 
-// One row of a channel's recurrence for thread (i, q), its state values n0 .. n0 + per in `v`:
-// v = v * da + dt B x (da = exp(dt A)), then the split's share of y = v . C, its `split` parts
-// added by shuffles in a fixed order; returns that sum plus D x. `b` and `c` point at this
-// thread's `per` values of B and C; VEC: 16-byte aligned, read four at a time (prefill's staged
-// copies, padded to whole float4s, and decode's rows where the model's widths keep them aligned),
-// else one at a time (decode, straight from global memory).
-// The same expressions in the same order either way, so decode and prefill agree bit for bit.
-template <bool VEC>
-__device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, const float* b, const float* c,
-                                         float dt, float da, float x, float dh, int split) {
-    const float dtx = dt * x;
-    float acc = 0.0f;
+// One row of the recurrence for thread (i, q) of CH channels, their state values n0 .. n0 + per
+// in `v`: v = v * da + dt B x (da = exp(dt A)), then the split's share of y = v . C, its `split`
+// parts added by shuffles in a fixed order; `out` gets that sum plus D x. `b` and `c` point at
+// this thread's `per` values of B and C, read once for all CH channels; VEC: 16-byte aligned, read
+// four at a time (prefill's staged copies, padded to whole float4s, and decode's rows where the
+// model's widths keep them aligned), else one at a time (decode, straight from global memory).
+// Each channel's expressions run in the same order whatever CH and VEC, so decode and prefill
+// agree bit for bit.
+// FULL: per is MAMBA_SSM_PER (every d_state of 32 or more), so its bounds fold away.
+template <int CH, bool VEC, bool FULL>
+__device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int per_, const float* b,
+                                            const float* c, float dt, float da, const float (&x)[CH], float dh,
+                                            int split, float (&out)[CH]) {
+    const int per = FULL ? MAMBA_SSM_PER : per_;
+    float dtx[CH], acc[CH];
+#pragma unroll
+    for (int k = 0; k < CH; k++) dtx[k] = dt * x[k], acc[k] = 0.0f;
     if (VEC) {
 #pragma unroll
         for (int j4 = 0; j4 < MAMBA_SSM_PER; j4 += 4) {
@@ -148,8 +153,11 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     if (j4 + e < per) {
-                        v[j4 + e] = v[j4 + e] * da + dtx * bv[e];
-                        acc += v[j4 + e] * cv[e];
+#pragma unroll
+                        for (int k = 0; k < CH; k++) {
+                            v[k][j4 + e] = v[k][j4 + e] * da + dtx[k] * bv[e];
+                            acc[k] += v[k][j4 + e] * cv[e];
+                        }
                     }
                 }
             }
@@ -158,13 +166,32 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 #pragma unroll
         for (int j = 0; j < MAMBA_SSM_PER; j++) {
             if (j < per) {
-                v[j] = v[j] * da + dtx * b[j];
-                acc += v[j] * c[j];
+#pragma unroll
+                for (int k = 0; k < CH; k++) {
+                    v[k][j] = v[k][j] * da + dtx[k] * b[j];
+                    acc[k] += v[k][j] * c[j];
+                }
             }
         }
     }
-    for (int o = split / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc + x * dh;
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        // split / 2 down to 1, unrolled: the split is a power of two <= 32.
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            if (o < split) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+        out[k] = acc[k] + x[k] * dh;
+    }
+}
+
+template <int CH, bool VEC>
+__device__ __forceinline__ void ssm_rows(float (&v)[CH][MAMBA_SSM_PER], int per, const float* b, const float* c,
+                                         float dt, float da, const float (&x)[CH], float dh, int split,
+                                         float (&out)[CH]) {
+    if (per == MAMBA_SSM_PER)
+        ssm_rows_of<CH, VEC, true>(v, per, b, c, dt, da, x, dh, split, out);
+    else
+        ssm_rows_of<CH, VEC, false>(v, per, b, c, dt, da, x, dh, split, out);
 }
 
 // Prefill stages its rows in shared memory, `tile` rows at a time, two tiles deep: the next
@@ -175,12 +202,15 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 // than by every thread.
 // Dynamic shared memory: 2 x mamba_scan_tile_floats floats (plan.rs mamba_scan_smem_bytes).
 //
-// One block per (head, segment), `split` threads per channel of the head (blockDim.x = head_dim x
-// split, split a power of two <= 32 dividing d_state): thread (i, q) keeps the state values
-// n = q * per .. (q + 1) * per of channel i in registers. Per row: state = state * exp(dt A) +
-// dt B x, y = state . C + D x. ssm_state: [slots][heads][N][hd] (a channel's N values strided
-// by hd). y: [rows][inner]. dt_min: transformers clamps dt from below in its prefill scan only (0
-// in decode). dt_bias, A (= -exp(A_log)) and D per head are f32, as vLLM keeps A and D.
+// One block per (head, segment), `split` threads per channel of the head (split a power of two
+// <= 32 dividing d_state): thread (i, q) keeps the state values n = q * per .. (q + 1) * per of
+// `ch` channels, i + k * (hd / ch) for k < ch, in registers, so blockDim.x = hd / ch x split. The
+// decode step takes one channel a thread (ch = 1); prefill takes MAMBA_SCAN_CH where the head
+// allows (plan.rs mamba_scan_channels), so each B and C value a thread reads from shared memory
+// serves that many channels: the prefill scan is bound by those reads. Per row: state = state *
+// exp(dt A) + dt B x, y = state . C + D x. ssm_state: [slots][heads][N][hd] (a channel's N values
+// strided by hd). y: [rows][inner]. dt_min: transformers clamps dt from below in its prefill scan
+// only (0 in decode). dt_bias, A (= -exp(A_log)) and D per head are f32, as vLLM keeps A and D.
 //
 // STEP: the decode step's form (tile 0: a row at a time straight from global memory), compiled
 // as a kernel of its own (mamba_ssm_step) so that its registers are not the prefill staging's.
@@ -196,6 +226,7 @@ __device__ __forceinline__ float ssm_row(float (&v)[MAMBA_SSM_PER], int per, con
 
 template <bool STEP>
 __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
+    constexpr int CH = STEP ? 1 : MAMBA_SCAN_CH;
     extern __shared__ __align__(16) float staged[];
     pdl_launch_dependents();
     // A pass holds its prompts shortest first (plan.rs prefill_passes), and blocks start in the
@@ -204,28 +235,35 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     // the longest starting in the last wave.
     const int h = blockIdx.x, s = STEP ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
     const int i = threadIdx.x / split, q = threadIdx.x % split;
+    const int hdc = (int)blockDim.x / split, ch = hd / hdc;  // channels a thread, and their stride
     const int per = n_state / split, n0 = q * per;
     const float ah = a[h], dh = d[h], dtb = dt_bias[h];
     const int g = h / (heads / groups);
     float* st = ssm_state + ((size_t)slots[s] * heads + h) * n_state * hd + i;
     const int r0 = starts[s], r1 = starts[s + 1];
     const bool fresh = positions[r0] == 0;
-    float v[MAMBA_SSM_PER];
+    float v[CH][MAMBA_SSM_PER];
 #pragma unroll
-    for (int j = 0; j < MAMBA_SSM_PER; j++)
-        if (j < per) v[j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd];
+    for (int k = 0; k < CH; k++)
+#pragma unroll
+        for (int j = 0; j < MAMBA_SSM_PER; j++)
+            if (k < ch && j < per) v[k][j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd + k * hdc];
     pdl_wait();
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
-    if (STEP) {
+    if constexpr (STEP) {
         // B and C four at a time where every thread's share starts 16-byte aligned.
         const bool vec = ((conv_dim | inner | n_state | per) & 3) == 0;
         for (int row = r0; row < r1; row++) {
             const float* xr = xbc + (size_t)row * conv_dim;
             const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
             const float *b = xr + b_off + n0, *c = xr + c_off + n0;
-            const float out = vec ? ssm_row<true>(v, per, b, c, dt, expf(dt * ah), xr[h * hd + i], dh, split)
-                                  : ssm_row<false>(v, per, b, c, dt, expf(dt * ah), xr[h * hd + i], dh, split);
-            if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
+            const float x[1] = {xr[h * hd + i]};
+            float out[1];
+            if (vec)
+                ssm_rows<1, true>(v, per, b, c, dt, expf(dt * ah), x, dh, split, out);
+            else
+                ssm_rows<1, false>(v, per, b, c, dt, expf(dt * ah), x, dh, split, out);
+            if (q == 0) y[(size_t)row * inner + h * hd + i] = out[0];
         }
     } else {
         // A tile's floats: [tile][B regions | C regions], [tile][hd] x, [tile] dt, [tile] exp(dt A).
@@ -241,9 +279,10 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
                 const float* src = xbc + (size_t)t0 * conv_dim + (which ? c_off : b_off) + m;
                 for (int tt = 0; tt < nt; tt++) cp_async4(buf + tt * bc + at, src + (size_t)tt * conv_dim);
             }
-            const int xc = threadIdx.x % hd;
-            for (int tt = threadIdx.x / hd; tt < nt; tt += blockDim.x / hd)
+            for (int e = threadIdx.x; e < nt * hd; e += blockDim.x) {
+                const int tt = e / hd, xc = e % hd;
                 cp_async4(sx + tt * hd + xc, xbc + (size_t)(t0 + tt) * conv_dim + h * hd + xc);
+            }
             for (int tt = threadIdx.x; tt < nt; tt += blockDim.x)
                 cp_async4(sdt + tt, zxbcdt + (size_t)(t0 + tt) * in_dim + inner + conv_dim + h);
             cp_async_commit();
@@ -274,27 +313,33 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
             const float* bq = buf + q * region;
 #pragma unroll 2
             for (int tt = 0; tt < nt; tt++) {
-                const float out = ssm_row<true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt],
-                                                sx[tt * hd + i], dh, split);
-                if (q == 0) y[(size_t)(t0 + tt) * inner + h * hd + i] = out;
+                float x[CH], out[CH];
+#pragma unroll
+                for (int k = 0; k < CH; k++) x[k] = k < ch ? sx[tt * hd + i + k * hdc] : 0.0f;
+                ssm_rows<CH, true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt], x, dh, split,
+                                   out);
+                if (q == 0) {
+#pragma unroll
+                    for (int k = 0; k < CH; k++)
+                        if (k < ch) y[(size_t)(t0 + tt) * inner + h * hd + i + k * hdc] = out[k];
+                }
             }
             __syncthreads();  // before the next iteration stages into the buffer before this one
         }
     }
 #pragma unroll
-    for (int j = 0; j < MAMBA_SSM_PER; j++)
-        if (j < per) st[(size_t)(n0 + j) * hd] = v[j];
+    for (int k = 0; k < CH; k++)
+#pragma unroll
+        for (int j = 0; j < MAMBA_SSM_PER; j++)
+            if (k < ch && j < per) st[(size_t)(n0 + j) * hd + k * hdc] = v[k][j];
 }
 
 extern "C" __global__ void mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_SSM_ARGS); }
 
-// At most 64 registers (the bounds of a 1,024-thread block; ptxas spills 16 bytes), so four
-// blocks of 256 threads share a multiprocessor where the step's path inside mamba_ssm took 125
-// registers, two blocks: the decode step at batch 8 is 1,024 blocks on the 8B. The same bounds
-// on the prefill form (102 registers, 64 without spilling) made Nemotron-H-8B's battery prefill
-// no faster and its single 250-token prompt slower, its scan being one long chain per block
-// (session 20, docs/ENGINE.md).
-extern "C" __global__ void __launch_bounds__(1024) mamba_ssm_step(MAMBA_SSM_PARAMS) {
+// The decode step's form: 80 registers, three blocks of 256 threads a multiprocessor, where the
+// step's path inside mamba_ssm took 125 (two). Bounds of 64 registers (16 bytes spilled) made
+// Nemotron-H-8B's batch-1 request 0.9% slower than without them (session 21, docs/ENGINE.md).
+extern "C" __global__ void mamba_ssm_step(MAMBA_SSM_PARAMS) {
     ssm_scan<true>(MAMBA_SSM_ARGS);
 }
 

@@ -148,7 +148,7 @@ fn launch_mixer(
     } else {
         "mamba_ssm"
     });
-    launch!(&ssm, stream, false, (m.num_heads as u32, segs as u32, 1), (m.head_dim * split) as u32,
+    launch!(&ssm, stream, false, (m.num_heads as u32, segs as u32, 1), plan::mamba_ssm_threads(m, tile > 0),
         plan::mamba_scan_smem_bytes(m, tile);
         zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
         i(m.d_state), i(m.n_groups), i(split), i(tile), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
@@ -299,6 +299,87 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
                 );
             }
         }
+    }
+}
+
+/// Prefill and decode agree bit for bit: one sequence of 37 rows prefilled in one launch (prefill's
+/// scan keeps several channels a thread, staged through shared memory) and the same rows as 37
+/// decode steps (one channel a thread, from global memory) give the same outputs and leave the
+/// same states, dt unclamped in both (prefill's clamp is transformers', decode has none).
+#[test]
+fn prefill_and_decode_give_the_same_bits() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    for (heads, hd, n) in [(8, 64, 128), (4, 32, 32)] {
+        let mx = Mixer::new(Mamba {
+            num_heads: heads,
+            head_dim: hd,
+            d_state: n,
+            n_groups: 2,
+            conv_kernel: 4,
+            chunk_size: 128,
+            time_step_min: 0.001,
+            conv_bias: true,
+            proj_bias: false,
+            ssm_cache_dtype: "float32".into(),
+            eps: 1e-5,
+        });
+        let m = &mx.m;
+        let (inner, conv_dim, in_dim, kk) =
+            (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel);
+        let rows = 37usize;
+        let r = Run {
+            conv_state: DevBuf::zeroed(2 * conv_dim * (kk - 1) * 4).unwrap(),
+            ssm_state: DevBuf::zeroed(2 * heads * n * hd * 4).unwrap(),
+            xbc: DevBuf::zeroed(rows * conv_dim * 4).unwrap(),
+            y: DevBuf::zeroed(rows * inner * 4).unwrap(),
+            out: DevBuf::zeroed(rows * inner * 4).unwrap(),
+        };
+        let zx = values(rows * in_dim, 30);
+        let positions: Vec<i32> = (0..rows as i32).collect();
+        let seg = Segments {
+            starts: &[0, rows as i32],
+            slots: &[0],
+            positions: &positions,
+            dt_min: 0.0,
+            conv_rows: plan::MAMBA_CONV_ROWS,
+            tile: plan::mamba_scan_tile(m),
+        };
+        let prefilled = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
+        for t in 0..rows {
+            let one = &zx[t * in_dim..(t + 1) * in_dim];
+            let got = launch_mixer(
+                &stream,
+                &module,
+                &mx,
+                &r,
+                one,
+                &Segments::decode(&[0, 1], &[1], &[t as i32]),
+            );
+            let want = &prefilled[t * inner..(t + 1) * inner];
+            let differ = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{heads}x{hd}x{n} row {t}: {differ} of {inner} outputs differ"
+            );
+        }
+        let mut ssm = vec![0f32; 2 * heads * n * hd];
+        r.ssm_state.read(&mut ssm, &stream).unwrap();
+        let (a, b) = ssm.split_at(heads * n * hd);
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{heads}x{hd}x{n}: the SSM states differ"
+        );
+        let mut conv = vec![0f32; 2 * conv_dim * (kk - 1)];
+        r.conv_state.read(&mut conv, &stream).unwrap();
+        let (a, b) = conv.split_at(conv_dim * (kk - 1));
+        assert_eq!(a, b, "{heads}x{hd}x{n}: the conv windows differ");
     }
 }
 

@@ -313,7 +313,7 @@ impl CudaBackend {
             &self.f.mamba_ssm_step
         };
         launch!(ssm, &self.stream, self.pdl,
-            (hy.num_heads as u32, m.segments as u32, 1), (hy.head_dim * split) as u32,
+            (hy.num_heads as u32, m.segments as u32, 1), plan::mamba_ssm_threads(hy, m.prefill),
             plan::mamba_scan_smem_bytes(hy, tile);
             m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
             i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,

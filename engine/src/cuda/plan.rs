@@ -46,7 +46,7 @@ pub const ATT_BATCH_SPLIT: usize = 256;
 pub const MMA_U: usize = 4;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 12] = [
+pub const KERNEL_DEFINES: [(&str, usize); 13] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
     ("ATT_WARPS", ATT_WARPS),
@@ -59,6 +59,7 @@ pub const KERNEL_DEFINES: [(&str, usize); 12] = [
     ("MAX_HEAD_DIM", MAX_HEAD_DIM),
     ("MAMBA_MAX_WINDOW", MAMBA_MAX_WINDOW),
     ("MAMBA_SSM_PER", MAMBA_SSM_PER),
+    ("MAMBA_SCAN_CH", MAMBA_SCAN_CH),
 ];
 
 /// The longest conv window (`conv_kernel - 1`) the Mamba conv kernel keeps in registers.
@@ -79,6 +80,32 @@ pub fn mamba_ssm_split(d_state: usize) -> Option<usize> {
         s *= 2;
     }
     None
+}
+
+/// Most channels of a head one thread of the prefill scan keeps (mamba.cu): each B and C value it
+/// reads from shared memory serves that many, where the decode step's thread keeps one.
+pub const MAMBA_SCAN_CH: usize = 2;
+
+/// Channels a thread of the prefill scan keeps: [`MAMBA_SCAN_CH`] where the head's channels divide
+/// by it and the threads left still fill whole warps (the split's shuffles take a whole warp),
+/// else one.
+pub fn mamba_scan_channels(m: &crate::hybrid::Mamba) -> usize {
+    let split = mamba_ssm_split(m.d_state).unwrap_or(1);
+    let ch = MAMBA_SCAN_CH;
+    if m.head_dim % ch == 0 && (split == 1 || (m.head_dim / ch * split) % 32 == 0) {
+        ch
+    } else {
+        1
+    }
+}
+
+/// Threads of a `mamba_ssm` block (prefill) or a `mamba_ssm_step` one (decode): `split` per
+/// channel, over the head's channels a thread keeps one of (decode) or
+/// [`mamba_scan_channels`] of (prefill).
+pub fn mamba_ssm_threads(m: &crate::hybrid::Mamba, prefill: bool) -> u32 {
+    let split = mamba_ssm_split(m.d_state).unwrap_or(1);
+    let ch = if prefill { mamba_scan_channels(m) } else { 1 };
+    (m.head_dim / ch * split) as u32
 }
 
 /// Rows per chunk of `mamba_conv` in prefill: a segment's rows are cut into chunks of this many,
@@ -1373,6 +1400,30 @@ mod tests {
         );
         assert!(mamba_scan_smem_bytes(m, 32) > 48 << 10);
         assert_eq!(mamba_scan_smem_bytes(m, 0), 0);
+        // Prefill's scan keeps two channels a thread (128 threads a head), decode one (256).
+        assert_eq!(mamba_scan_channels(m), 2);
+        assert_eq!(mamba_ssm_threads(m, true), 128);
+        assert_eq!(mamba_ssm_threads(m, false), 256);
+        // An odd head dim, or one whose halves would not fill whole warps with a split of 4, keeps
+        // one channel a thread.
+        let mut odd = m.clone();
+        odd.head_dim = 63;
+        assert_eq!(
+            (mamba_scan_channels(&odd), mamba_ssm_threads(&odd, true)),
+            (1, 252)
+        );
+        odd.head_dim = 8;
+        assert_eq!(
+            (mamba_scan_channels(&odd), mamba_ssm_threads(&odd, true)),
+            (1, 32)
+        );
+        // One thread a channel (d_state <= 32): no shuffles, so any count of threads.
+        odd.d_state = 16;
+        odd.head_dim = 6;
+        assert_eq!(
+            (mamba_scan_channels(&odd), mamba_ssm_threads(&odd, true)),
+            (2, 3)
+        );
         // Conv chunks: a block row per 16 rows of each segment, a short one counting whole.
         assert_eq!(mamba_conv_chunks([512], MAMBA_CONV_ROWS), 32);
         assert_eq!(
