@@ -207,7 +207,7 @@ __device__ __forceinline__ void ssm_rows(float (&v)[CH][MAMBA_SSM_PER], int per,
 // `ch` channels, i + k * (hd / ch) for k < ch, in registers, so blockDim.x = hd / ch x split. The
 // decode step takes one channel a thread (ch = 1); prefill takes MAMBA_SCAN_CH where the head
 // allows (plan.rs mamba_scan_channels), so each B and C value a thread reads from shared memory
-// serves that many channels: the prefill scan is bound by those reads. Per row: state = state *
+// serves that many channels (docs/ENGINE.md, session 21). Per row: state = state *
 // exp(dt A) + dt B x, y = state . C + D x. ssm_state: [slots][heads][N][hd] (a channel's N values
 // strided by hd). y: [rows][inner]. dt_min: transformers clamps dt from below in its prefill scan
 // only (0 in decode). dt_bias, A (= -exp(A_log)) and D per head are f32, as vLLM keeps A and D.
@@ -247,7 +247,7 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     for (int k = 0; k < CH; k++)
 #pragma unroll
         for (int j = 0; j < MAMBA_SSM_PER; j++)
-            if (k < ch && j < per) v[k][j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd + k * hdc];
+            if (j < per) v[k][j] = (fresh || k >= ch) ? 0.0f : st[(size_t)(n0 + j) * hd + k * hdc];
     pdl_wait();
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
     if constexpr (STEP) {
