@@ -57,6 +57,29 @@ impl Mixer {
         }
     }
 
+    /// A mixer of `heads` heads of `hd` channels and `n` state values, two groups, a window of 4.
+    fn shaped(heads: usize, hd: usize, n: usize) -> Self {
+        Self::new(Mamba {
+            num_heads: heads,
+            head_dim: hd,
+            d_state: n,
+            n_groups: 2,
+            conv_kernel: 4,
+            chunk_size: 128,
+            time_step_min: 0.001,
+            conv_bias: true,
+            proj_bias: false,
+            ssm_cache_dtype: "float32".into(),
+            eps: 1e-5,
+        })
+    }
+
+    /// inner, conv_dim, in_proj's width, the conv window.
+    fn widths(&self) -> (usize, usize, usize, usize) {
+        let m = &self.m;
+        (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel)
+    }
+
     fn params(&self) -> Params<'_> {
         Params {
             conv_w: &self.conv_w,
@@ -76,6 +99,22 @@ struct Run {
     xbc: DevBuf,
     y: DevBuf,
     out: DevBuf,
+}
+
+impl Run {
+    /// `slots` state slots, every value `fill`, and scratch for `rows` rows.
+    fn new(mx: &Mixer, slots: usize, rows: usize, fill: f32) -> Self {
+        let (inner, conv_dim, _, kk) = mx.widths();
+        let m = &mx.m;
+        let scratch = |width: usize| DevBuf::zeroed(rows * width * 4).unwrap();
+        Self {
+            conv_state: upload(&vec![fill; slots * conv_dim * (kk - 1)]),
+            ssm_state: upload(&vec![fill; slots * m.num_heads * m.d_state * m.head_dim]),
+            xbc: scratch(conv_dim),
+            y: scratch(inner),
+            out: scratch(inner),
+        }
+    }
 }
 
 /// One launch's rows: segment s is the rows `starts[s]..starts[s + 1]` of `zx`, in slot
@@ -104,6 +143,10 @@ impl<'a> Segments<'a> {
         }
     }
 }
+
+/// The tests' heads, channels a head and state values: the 8B's per-head sizes (four threads a
+/// channel), and a small state of one thread a channel.
+const SHAPES: [(usize, usize, usize); 2] = [(8, 64, 128), (4, 32, 32)];
 
 /// Launches conv, SSM and gated norm over `seg`, as the backend does (ops.rs `mamba`), and
 /// returns the gated output.
@@ -185,31 +228,11 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
         return;
     };
     let module = module(&ctx);
-    for (heads, hd, n) in [(8, 64, 128), (4, 32, 32)] {
-        let mx = Mixer::new(Mamba {
-            num_heads: heads,
-            head_dim: hd,
-            d_state: n,
-            n_groups: 2,
-            conv_kernel: 4,
-            chunk_size: 128,
-            time_step_min: 0.001,
-            conv_bias: true,
-            proj_bias: false,
-            ssm_cache_dtype: "float32".into(),
-            eps: 1e-5,
-        });
-        let m = &mx.m;
-        let (inner, conv_dim, in_dim, kk) =
-            (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel);
+    for (heads, hd, n) in SHAPES {
+        let mx = Mixer::shaped(heads, hd, n);
+        let (m, (inner, conv_dim, in_dim, kk)) = (&mx.m, mx.widths());
         let (n_slots, max_rows) = (3usize, 37usize);
-        let r = Run {
-            conv_state: upload(&vec![9.0f32; n_slots * conv_dim * (kk - 1)]),
-            ssm_state: upload(&vec![9.0f32; n_slots * heads * n * hd]),
-            xbc: DevBuf::zeroed(max_rows * conv_dim * 4).unwrap(),
-            y: DevBuf::zeroed(max_rows * inner * 4).unwrap(),
-            out: DevBuf::zeroed(max_rows * inner * 4).unwrap(),
-        };
+        let r = Run::new(&mx, n_slots, max_rows, 9.0);
         // Stale values (9.0) fill every slot: a sequence at position 0 must not read them.
         let mut cpu: Vec<(Vec<f32>, Vec<f32>)> = (0..n_slots)
             .map(|_| (vec![0.0; conv_dim * (kk - 1)], vec![0.0; inner * n]))
@@ -312,31 +335,11 @@ fn prefill_and_decode_give_the_same_bits() {
         return;
     };
     let module = module(&ctx);
-    for (heads, hd, n) in [(8, 64, 128), (4, 32, 32)] {
-        let mx = Mixer::new(Mamba {
-            num_heads: heads,
-            head_dim: hd,
-            d_state: n,
-            n_groups: 2,
-            conv_kernel: 4,
-            chunk_size: 128,
-            time_step_min: 0.001,
-            conv_bias: true,
-            proj_bias: false,
-            ssm_cache_dtype: "float32".into(),
-            eps: 1e-5,
-        });
-        let m = &mx.m;
-        let (inner, conv_dim, in_dim, kk) =
-            (m.inner(), m.conv_dim(), m.in_proj_dim(), m.conv_kernel);
+    for (heads, hd, n) in SHAPES {
+        let mx = Mixer::shaped(heads, hd, n);
+        let (m, (inner, conv_dim, in_dim, kk)) = (&mx.m, mx.widths());
         let rows = 37usize;
-        let r = Run {
-            conv_state: DevBuf::zeroed(2 * conv_dim * (kk - 1) * 4).unwrap(),
-            ssm_state: DevBuf::zeroed(2 * heads * n * hd * 4).unwrap(),
-            xbc: DevBuf::zeroed(rows * conv_dim * 4).unwrap(),
-            y: DevBuf::zeroed(rows * inner * 4).unwrap(),
-            out: DevBuf::zeroed(rows * inner * 4).unwrap(),
-        };
+        let r = Run::new(&mx, 2, rows, 0.0);
         let zx = values(rows * in_dim, 30);
         let positions: Vec<i32> = (0..rows as i32).collect();
         let seg = Segments {
