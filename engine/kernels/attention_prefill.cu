@@ -18,12 +18,6 @@
 // (null: not written). Dynamic shared memory: plan.rs attention_prefill_smem_bytes.
 static_assert(ATT_PF_POS % 16 == 0, "a K/V tile is whole k-steps of the P.V mma");
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = fill ? 16 : 0;  // 0: the 16 bytes are zeroed, nothing is read
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(n) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -81,6 +81,13 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
+// 16 bytes, both addresses 16-byte aligned; fill false zeroes them and reads nothing.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = fill ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(n) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>

@@ -7,8 +7,9 @@
 // prefill: each prompt's rows in the chunk, one or many sequences). A sequence's conv window and
 // SSM state live in its state slot (`slots[s]`), are read once, carried through its rows in
 // registers, and written back once; a segment whose first row is at position 0 starts from
-// zeros. The scan over a prefill segment is sequential in its tokens: the chunked (SSD) form of
-// transformers and vLLM sums the same recurrence in another order. The conv has no recurrence
+// zeros. The scan here is sequential in its tokens: the decode step's, and prefill's for heads
+// past the chunked scan's tiles (mamba_ssd.cu sums the same recurrence in chunks on the tensor
+// cores, as transformers and vLLM do, for every other prefill). The conv has no recurrence
 // (a row's window is the inputs before it), so prefill cuts it into chunks of rows that run at
 // once, each row's sum the same as in a sequential pass.
 //

@@ -19,7 +19,7 @@ assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_bench.cu", 0, None,
 defines = ["-DGEMV_WARPS=8", "-DGEMV_MMA_U=4", "-DATT_WARPS=4", "-DATT_MAXG=8", "-DATT_SPLIT_MIN=16",
            "-DATT_MAX_SPLITS=32", "-DATT_PF_WARPS=4", "-DATT_PF_POS=64", "-DATT_BATCH_SPLIT=256",
            "-DMAX_HEAD_DIM=128", "-DMAMBA_MAX_WINDOW=7", "-DMAMBA_SSM_PER=32",
-           "-DMAMBA_SCAN_CH=2"]
+           "-DMAMBA_SCAN_CH=2", "-DMAMBA_SSD_ROWS=32", "-DMAMBA_SSD_HD=64", "-DMAMBA_SSD_N=128"]
 opts = [f"--gpu-architecture={arch}", "--std=c++17", "--prec-div=true", "--prec-sqrt=true",
         "--fmad=true", *defines, "-Xptxas=-v"]
 arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])

@@ -33,6 +33,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("argmax.cu", include_str!("../../kernels/argmax.cu")),
     ("score.cu", include_str!("../../kernels/score.cu")),
     ("mamba.cu", include_str!("../../kernels/mamba.cu")),
+    ("mamba_ssd.cu", include_str!("../../kernels/mamba_ssd.cu")),
 ];
 
 /// The whole program's source, with `#line` markers so compile errors name the real file.
@@ -265,6 +266,7 @@ mod tests {
             "mamba_conv",
             "mamba_ssm",
             "mamba_ssm_step",
+            "mamba_ssd",
             "mamba_gated_norm",
             "relu2",
         ];

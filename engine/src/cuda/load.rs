@@ -120,9 +120,11 @@ pub(super) struct Funcs {
     pub lm_head_logits: [Vec<CudaFunction>; 2],
     pub score: CudaFunction,
     pub mamba_conv: CudaFunction,
-    /// The prefill scan, and the decode step's form of it (mamba.cu).
+    /// The prefill scan sequentially, and the decode step's form of it (mamba.cu); the prefill
+    /// scan in chunks on the tensor cores (mamba_ssd.cu), where the heads fit it.
     pub mamba_ssm: CudaFunction,
     pub mamba_ssm_step: CudaFunction,
+    pub mamba_ssd: CudaFunction,
     pub mamba_gated_norm: CudaFunction,
     pub relu2: CudaFunction,
     /// gemv[mode.index()][batch - 1] for every [`GemvMode`].
@@ -496,16 +498,24 @@ pub(super) fn staged_attention_function(
     name: Option<String>,
     smem_bytes: u32,
 ) -> Result<Option<CudaFunction>> {
-    let Some(name) = name else {
-        return Ok(None);
-    };
-    let f = kernels::function(module, &name)?;
+    name.map(|name| staged_function(module, &name, smem_bytes))
+        .transpose()
+}
+
+/// Kernel `name`, allowed `smem_bytes` of dynamic shared memory: more than the 48 KiB a block
+/// gets without asking (Hopper has 227 KiB).
+pub(super) fn staged_function(
+    module: &Arc<CudaModule>,
+    name: &str,
+    smem_bytes: u32,
+) -> Result<CudaFunction> {
+    let f = kernels::function(module, name)?;
     f.set_attribute(
         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem_bytes as i32,
     )
-    .map_err(driver_err("tensor-core attention's shared memory"))?;
-    Ok(Some(f))
+    .map_err(driver_err("a staged kernel's shared memory"))?;
+    Ok(f)
 }
 
 impl Funcs {
@@ -556,6 +566,7 @@ impl Funcs {
             mamba_conv: k("mamba_conv")?,
             mamba_ssm: k("mamba_ssm")?,
             mamba_ssm_step: k("mamba_ssm_step")?,
+            mamba_ssd: staged_function(module, "mamba_ssd", plan::mamba_ssd_smem_bytes())?,
             mamba_gated_norm: k("mamba_gated_norm")?,
             relu2: k("relu2")?,
             gemv,

@@ -302,23 +302,29 @@ impl CudaBackend {
             i(hy.conv_kernel), w.conv_w.ptr, ptr_or_null(&w.conv_b), self.conv_state[w.state].ptr,
             m.slots, m.positions, m.xbc)?;
         self.mark("mamba_conv", 0)?;
-        let tile = if m.prefill {
-            plan::mamba_scan_tile(hy)
+        let ssd = m.prefill && plan::mamba_ssd(hy);
+        let (ssm, threads, tile, smem) = if ssd {
+            let smem = plan::mamba_ssd_smem_bytes();
+            (&self.f.mamba_ssd, plan::MAMBA_SSD_THREADS, 0, smem)
         } else {
-            0
-        };
-        let ssm = if m.prefill {
-            &self.f.mamba_ssm
-        } else {
-            &self.f.mamba_ssm_step
+            let tile = if m.prefill {
+                plan::mamba_scan_tile(hy)
+            } else {
+                0
+            };
+            let (f, threads) = if m.prefill {
+                (&self.f.mamba_ssm, plan::mamba_ssm_threads(hy, true))
+            } else {
+                (&self.f.mamba_ssm_step, plan::mamba_ssm_threads(hy, false))
+            };
+            (f, threads, tile, plan::mamba_scan_smem_bytes(hy, tile))
         };
         launch!(ssm, &self.stream, self.pdl,
-            (hy.num_heads as u32, m.segments as u32, 1), plan::mamba_ssm_threads(hy, m.prefill),
-            plan::mamba_scan_smem_bytes(hy, tile);
+            (hy.num_heads as u32, m.segments as u32, 1), threads, smem;
             m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
             i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,
             w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
-        self.mark("mamba_ssm", 0)?;
+        self.mark(if ssd { "mamba_ssd" } else { "mamba_ssm" }, 0)?;
         // A block per (group, row) is all the parallelism there is at batch 1 (8 blocks on the
         // 8B).
         launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,

@@ -46,7 +46,7 @@ pub const ATT_BATCH_SPLIT: usize = 256;
 pub const MMA_U: usize = 4;
 /// The constants above that the kernels use, defined here once and handed to NVRTC as `-D`
 /// options (kernels.rs); the kernel files do not define them.
-pub const KERNEL_DEFINES: [(&str, usize); 13] = [
+pub const KERNEL_DEFINES: [(&str, usize); 16] = [
     ("GEMV_WARPS", GEMV_WARPS),
     ("GEMV_MMA_U", MMA_U),
     ("ATT_WARPS", ATT_WARPS),
@@ -60,6 +60,9 @@ pub const KERNEL_DEFINES: [(&str, usize); 13] = [
     ("MAMBA_MAX_WINDOW", MAMBA_MAX_WINDOW),
     ("MAMBA_SSM_PER", MAMBA_SSM_PER),
     ("MAMBA_SCAN_CH", MAMBA_SCAN_CH),
+    ("MAMBA_SSD_ROWS", MAMBA_SSD_ROWS),
+    ("MAMBA_SSD_HD", MAMBA_SSD_HD),
+    ("MAMBA_SSD_N", MAMBA_SSD_N),
 ];
 
 /// The longest conv window (`conv_kernel - 1`) the Mamba conv kernel keeps in registers.
@@ -148,6 +151,31 @@ fn mamba_scan_tile_floats(m: &crate::hybrid::Mamba, tile: usize) -> usize {
     let split = mamba_ssm_split(m.d_state).unwrap_or(1);
     let region = (m.d_state / split).next_multiple_of(4) + 4;
     (tile * (2 * split * region + m.head_dim + 2)).next_multiple_of(4)
+}
+
+/// Rows of a chunk of the chunked prefill scan (mamba_ssd.cu): a chunk ends where a row's
+/// position is a multiple of this, so a sequence's chunks do not depend on its batch.
+pub const MAMBA_SSD_ROWS: usize = 32;
+/// Most channels a head and state values a channel the chunked scan takes (mamba_ssd.cu's
+/// tiles); a model past either prefills through `mamba_ssm`, the sequential scan.
+pub const MAMBA_SSD_HD: usize = 64;
+pub const MAMBA_SSD_N: usize = 128;
+/// Threads of a `mamba_ssd` block: eight warps, two blocks a multiprocessor.
+pub const MAMBA_SSD_THREADS: u32 = 256;
+
+/// Whether prefill scans `m`'s heads in chunks on the tensor cores (`mamba_ssd`) rather than
+/// sequentially (`mamba_ssm`).
+pub fn mamba_ssd(m: &crate::hybrid::Mamba) -> bool {
+    m.head_dim <= MAMBA_SSD_HD && m.d_state <= MAMBA_SSD_N
+}
+
+/// Dynamic shared memory of a `mamba_ssd` block (mamba_ssd.cu): B and C [rows][N + 4], x
+/// [rows][hd + 8], the decayed C . B [rows][rows + 4], the state [N][hd + 8], and three words a
+/// row and four more.
+pub fn mamba_ssd_smem_bytes() -> u32 {
+    let (l, hd, n) = (MAMBA_SSD_ROWS, MAMBA_SSD_HD, MAMBA_SSD_N);
+    let floats = 2 * l * (n + 4) + l * (hd + 8) + l * (l + 4) + n * (hd + 8) + 3 * l + 4;
+    (floats * 4) as u32
 }
 
 /// Dynamic shared memory of `mamba_ssm` staging `tile` rows two tiles deep (0 for decode, which
@@ -1400,7 +1428,18 @@ mod tests {
         );
         assert!(mamba_scan_smem_bytes(m, 32) > 48 << 10);
         assert_eq!(mamba_scan_smem_bytes(m, 0), 0);
-        // Prefill's scan keeps two channels a thread (128 threads a head), decode one (256).
+        // Prefill scans the 8B's heads in chunks; two blocks of the chunked scan fit a
+        // multiprocessor (228 KiB, 1 KiB of it reserved a block). Heads past its tiles scan
+        // sequentially.
+        assert!(mamba_ssd(m));
+        assert!(2 * (mamba_ssd_smem_bytes() + 1024) <= 228 << 10);
+        let mut wide = m.clone();
+        wide.head_dim = 80;
+        assert!(!mamba_ssd(&wide));
+        wide.head_dim = 64;
+        wide.d_state = 256;
+        assert!(!mamba_ssd(&wide));
+        // Prefill's sequential scan keeps two channels a thread (128 threads a head), decode one (256).
         assert_eq!(mamba_scan_channels(m), 2);
         assert_eq!(mamba_ssm_threads(m, true), 128);
         assert_eq!(mamba_ssm_threads(m, false), 256);
