@@ -62,10 +62,17 @@ __device__ __forceinline__ void a_frag(unsigned (&f)[4], const float* m, int str
     f[3] = tf32_of(m[(r + 8) * stride + k + 4]);
 }
 
-// The B fragment (8 x 8, column-major): values k and k + 4 of column c, both given.
-__device__ __forceinline__ void b_frag(unsigned (&f)[2], float k0, float k4) {
-    f[0] = tf32_of(k0);
-    f[1] = tf32_of(k4);
+// The B fragment (8 x 8, column-major) of column c (= 8-column tile + lane / 4) at k-step k (+ lane
+// % 4, + 4) of a [k][stride] array.
+__device__ __forceinline__ void b_frag(unsigned (&f)[2], const float* m, int stride, int k, int c) {
+    f[0] = tf32_of(m[k * stride + c]);
+    f[1] = tf32_of(m[(k + 4) * stride + c]);
+}
+
+// The B fragment of column c at k-step k of a [col][stride] array (its transpose).
+__device__ __forceinline__ void b_frag_t(unsigned (&f)[2], const float* m, int stride, int k, int c) {
+    f[0] = tf32_of(m[c * stride + k]);
+    f[1] = tf32_of(m[c * stride + k + 4]);
 }
 
 extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM_PARAMS) {
@@ -203,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 const int s0 = 8 * (part * GT + j);
                 if (s0 <= 16 * m + 15) {
                     unsigned bf[2];
-                    b_frag(bf, bs[(s0 + gq) * SSD_BS + 8 * kk + tq], bs[(s0 + gq) * SSD_BS + 8 * kk + tq + 4]);
+                    b_frag_t(bf, bs, SSD_BS, 8 * kk + tq, s0 + gq);
                     mma_tf32(gacc[j], af, bf);
                 }
             }
@@ -212,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 const int p0 = 8 * (part * YT + j);
                 if (p0 < hd) {
                     unsigned bf[2];
-                    b_frag(bf, ss[(8 * kk + tq) * SSD_XS + p0 + gq], ss[(8 * kk + tq + 4) * SSD_XS + p0 + gq]);
+                    b_frag(bf, ss, SSD_XS, 8 * kk + tq, p0 + gq);
                     mma_tf32(yacc[j], af, bf);
                 }
             }
@@ -243,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 const int p0 = 8 * (part * YT + j);
                 if (p0 < hd) {
                     unsigned bf[2];
-                    b_frag(bf, xs[(8 * ks + tq) * SSD_XS + p0 + gq], xs[(8 * ks + tq + 4) * SSD_XS + p0 + gq]);
+                    b_frag(bf, xs, SSD_XS, 8 * ks + tq, p0 + gq);
                     mma_tf32(yacc[j], af, bf);
                 }
             }
@@ -273,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 for (int j = 0; j < PT; j++) {
                     if (8 * j < hd) {
                         unsigned bf[2];
-                        b_frag(bf, xs[sa * SSD_XS + 8 * j + gq], xs[sb * SSD_XS + 8 * j + gq]);
+                        b_frag(bf, xs, SSD_XS, sa, 8 * j + gq);
                         mma_tf32(sacc[j], af, bf);
                     }
                 }

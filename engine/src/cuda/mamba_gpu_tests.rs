@@ -231,6 +231,14 @@ fn assert_close(want: &[f32], got: &[f32], what: &str) {
     assert_within(want, got, 1e-4, what);
 }
 
+/// How many of `a` and `b` differ in their bits.
+fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// What prefill's outputs and states may differ by from f32 on `m`'s heads: the chunked scan
 /// rounds its products' operands to tf32 (2^-11 of each at most; mamba_ssd.cu), the sequential
 /// one computes in f32.
@@ -356,7 +364,8 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
 /// rows as decode steps (one channel a thread, from global memory) give the same outputs and
 /// leave the same states, dt unclamped in both (prefill's clamp is transformers', decode has
 /// none): bit for bit where prefill scans sequentially (the same expressions in the same order),
-/// within f32 rounding where it scans in chunks (the same sums in another order).
+/// within [`prefill_tolerance`] where it scans in chunks (tf32 operands, the sums in another
+/// order).
 #[test]
 fn prefill_and_decode_agree() {
     let Some((ctx, stream, _)) = gpu() else {
@@ -392,11 +401,7 @@ fn prefill_and_decode_agree() {
             let want = &prefilled[t * inner..(t + 1) * inner];
             let what = format!("{heads}x{hd}x{n} row {t}");
             if exact {
-                let differ = want
-                    .iter()
-                    .zip(&got)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
+                let differ = differing_bits(want, &got);
                 assert_eq!(differ, 0, "{what}: {differ} of {inner} outputs differ");
             } else {
                 assert_within(want, &got, prefill_tolerance(m), &what);
@@ -462,20 +467,14 @@ fn a_prompts_bits_do_not_depend_on_its_pass() {
             &together,
         );
         let got = &got[short * inner..(short + LONG) * inner];
-        let differ = alone
-            .iter()
-            .zip(got)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
+        let differ = differing_bits(&alone, got);
         assert_eq!(differ, 0, "{heads}x{hd}x{n}: {differ} outputs differ");
         let mut ssm = vec![0f32; 4 * heads * n * hd];
         r.ssm_state.read(&mut ssm, &stream).unwrap();
         let slot = |s: usize| &ssm[s * heads * n * hd..(s + 1) * heads * n * hd];
-        assert!(
-            slot(0)
-                .iter()
-                .zip(slot(1))
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
+        assert_eq!(
+            differing_bits(slot(0), slot(1)),
+            0,
             "{heads}x{hd}x{n}: the SSM states differ"
         );
     }
