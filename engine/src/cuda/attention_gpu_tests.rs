@@ -8,7 +8,7 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{bf16s, gpu, module, upload, values};
+use super::gemv_gpu_tests::{bf16s, differing_bits, gpu, module, upload, values};
 use super::kernels;
 use super::plan::{self, Segment};
 use crate::config::ModelConfig;
@@ -334,11 +334,7 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
     let first = launch_once();
     let (second, _) = launch_once();
     assert!(
-        first
-            .0
-            .iter()
-            .zip(&second)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        differing_bits(&first.0, &second) == 0,
         "a second launch over the same inputs differs: the split tickets were not reset"
     );
     first
@@ -373,7 +369,7 @@ fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
         for (r, &row) in rows.iter().enumerate() {
             let (alone, _) = run_batch(&c, &Pass::new(&c.cfg, &[row]));
             assert!(
-                alone.iter().zip(&got[r * q..(r + 1) * q]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                differing_bits(&alone, &got[r * q..(r + 1) * q]) == 0,
                 "({heads}, {kvh}, {d}, {bs}): context {}'s row alone differs from its bits in the batch",
                 ctxs[r]
             );

@@ -51,6 +51,14 @@ pub(super) fn upload<T: Copy>(v: &[T]) -> DevBuf {
     b
 }
 
+/// How many of `a` and `b` differ in their bits.
+pub(super) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// `v` rounded to bf16: the bits and their values.
 pub(super) fn bf16s(v: &[f32]) -> (Vec<u16>, Vec<f32>) {
     let b: Vec<u16> = v
@@ -198,14 +206,11 @@ fn residual_gemv_matches_f64_and_gives_each_row_the_same_bits_at_every_batch() {
             for b in 0..B {
                 let alone = g.run(&f1, l, 1, b);
                 let at8 = &got[b * rows..(b + 1) * rows];
-                let same = alone
-                    .iter()
-                    .zip(at8)
-                    .all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(
-                    same,
+                    differing_bits(&alone, at8) == 0,
                     "mode {:?} ksplit {} {rows}x{cols}: row {b} at batch 8 differs from it alone",
-                    l.mode, l.ksplit
+                    l.mode,
+                    l.ksplit
                 );
             }
         }
@@ -310,10 +315,7 @@ fn lm_head_argmax_is_its_own_logits_argmax_lowest_row_on_ties_at_every_batch() {
                 }
                 let (alone, best1) = run(1, b);
                 assert!(
-                    alone
-                        .iter()
-                        .zip(yb)
-                        .all(|(p, q)| p.to_bits() == q.to_bits()),
+                    differing_bits(&alone, yb) == 0,
                     "tc {tc:?} {rows}x{cols}: b {b}'s logits at batch 8 differ from it alone"
                 );
                 assert_eq!(best1[0], best8[b]);

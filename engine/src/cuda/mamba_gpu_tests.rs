@@ -4,7 +4,7 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{bf16s, gpu, module, upload, values};
+use super::gemv_gpu_tests::{bf16s, differing_bits, gpu, module, upload, values};
 use super::kernels;
 use super::plan;
 use crate::hybrid::mamba::{step, Params, State};
@@ -229,14 +229,6 @@ fn assert_within(want: &[f32], got: &[f32], tol: f32, what: &str) {
 /// f32 kernels against the f32 reference: sums in another order.
 fn assert_close(want: &[f32], got: &[f32], what: &str) {
     assert_within(want, got, 1e-4, what);
-}
-
-/// How many of `a` and `b` differ in their bits.
-fn differing_bits(a: &[f32], b: &[f32]) -> usize {
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
 }
 
 /// What prefill's outputs and states may differ by from f32 on `m`'s heads: the chunked scan
