@@ -21,24 +21,36 @@
 // on where a prompt was cut into passes, and they differ from the decode step's in the last
 // bits: the order of the sums is another).
 //
-// Eight warps; the chunk's rows in tiles of 16, each tile's C . B columns and y channels shared
-// among 8 / tiles warps; warp w also keeps the state's rows 16 w .. + 16 (every channel).
-// Chunks of 32 rows (MAMBA_SSD_ROWS) leave a block 85 KB of shared memory and 120 registers a
-// thread, so two blocks share a multiprocessor: the scan waits on its loads and its mma chains
-// more than it computes, and at 64 rows (one block) it took 1.6-2x as long. Shared memory
-// (plan.rs mamba_ssd_smem_bytes), row strides padded so that a warp's fragment loads fall in
-// distinct banks: B and C [rows][N + 4], x [rows][hd + 8], the masked and decayed C . B
-// [rows][rows + 4], the state [N][hd + 8], and per row cum, dt and the state update's weight
-// exp(cum_last - cum_s) dt_s.
+// Eight warps, two blocks a multiprocessor (launch bounds: at most 128 registers). Each warp keeps
+// a 16-channel x 64-state tile of the state, transposed (S^T, channels as rows), as mma
+// accumulators: the state's update (S^T += x^T (w B)) accumulates into them, and the same
+// registers are the A operand of y's state term (S^T C^T, an accumulator's pair of columns read
+// as a fragment's k and k + 4, C's columns paired to match), so the state never passes through
+// shared memory. The chunk's rows are two tiles of 16 for C . B and y, four warps a tile.
+// While a chunk is computed, the next chunk's B, C, x and dt arrive by cp.async in the other of
+// two stages; a chunk is two barriers: its inputs have arrived (and the chunk before is done
+// with the shared arrays), and C . B and the state's share of y are in shared memory.
+//
+// Shared memory (plan.rs mamba_ssd_smem_bytes), row strides padded so that a warp's fragment loads
+// fall in distinct banks: two stages of B and C [rows][N + 8], x [rows][hd + 8] and dt [rows];
+// the masked and decayed C . B [rows][rows + 4]; y's state term from each half of the state
+// values, [2][rows][hd + 4].
 //
 // MAMBA_SSD_ROWS, MAMBA_SSD_HD (most channels a head) and MAMBA_SSD_N (most state values a
 // channel) are plan.rs's; a model past them takes mamba.cu's sequential scan.
-static_assert(MAMBA_SSD_N == 128, "one 16-row tile of the state a warp, eight warps");
-static_assert(MAMBA_SSD_HD % 32 == 0, "whole channel tiles for every warp of a row tile");
+static_assert(MAMBA_SSD_ROWS == 32, "a chunk's row a lane: dt's running sum is one warp scan");
+static_assert(MAMBA_SSD_N == 128, "two halves of 64 state values, four warps each");
+static_assert(MAMBA_SSD_HD == 64, "four tiles of 16 channels; a row tile's y four warps of 16 channels");
 
 #define SSD_THREADS 256
-#define SSD_BS (MAMBA_SSD_N + 4)
+#define SSD_BS (MAMBA_SSD_N + 8)
 #define SSD_XS (MAMBA_SSD_HD + 8)
+#define SSD_MS (MAMBA_SSD_ROWS + 4)
+#define SSD_YS (MAMBA_SSD_HD + 4)
+// Floats of one stage: B, C, x and dt of a chunk's rows (a multiple of 4, so both stages start
+// 16-byte aligned).
+#define SSD_STAGE (2 * MAMBA_SSD_ROWS * SSD_BS + MAMBA_SSD_ROWS * SSD_XS + MAMBA_SSD_ROWS)
+static_assert(SSD_STAGE % 4 == 0, "stages 16-byte aligned");
 
 __device__ __forceinline__ unsigned tf32_of(float v) {
     unsigned r;
@@ -53,13 +65,30 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The A fragment (16 x 8, row-major) of rows r, r + 8 (r = 16-row tile + lane / 4) at k-step k0
+// The A fragment (16 x 8, row-major) of rows r, r + 8 (r = 16-row tile + lane / 4) at k-step k
 // (+ lane % 4, + 4) of a [rows][stride] array.
 __device__ __forceinline__ void a_frag(unsigned (&f)[4], const float* m, int stride, int r, int k) {
     f[0] = tf32_of(m[r * stride + k]);
     f[1] = tf32_of(m[(r + 8) * stride + k]);
     f[2] = tf32_of(m[r * stride + k + 4]);
     f[3] = tf32_of(m[(r + 8) * stride + k + 4]);
+}
+
+// The same with the k-step's columns paired: a fragment's k and k + 4 are the columns k, k + 1
+// (k = k-step + 2 x (lane % 4)), one 8-byte load a row. A product whose both operands pair their
+// k alike sums the same terms.
+__device__ __forceinline__ void a_frag_pair(unsigned (&f)[4], const float* m, int stride, int r, int k) {
+    const float2 lo = *reinterpret_cast<const float2*>(m + r * stride + k);
+    const float2 hi = *reinterpret_cast<const float2*>(m + (r + 8) * stride + k);
+    f[0] = tf32_of(lo.x), f[1] = tf32_of(hi.x), f[2] = tf32_of(lo.y), f[3] = tf32_of(hi.y);
+}
+
+// The A fragment of rows r, r + 8 at k-step k of a [k][stride] array (its transpose).
+__device__ __forceinline__ void a_frag_t(unsigned (&f)[4], const float* m, int stride, int r, int k) {
+    f[0] = tf32_of(m[k * stride + r]);
+    f[1] = tf32_of(m[k * stride + r + 8]);
+    f[2] = tf32_of(m[(k + 4) * stride + r]);
+    f[3] = tf32_of(m[(k + 4) * stride + r + 8]);
 }
 
 // The B fragment (8 x 8, column-major) of column c (= 8-column tile + lane / 4) at k-step k (+ lane
@@ -69,29 +98,17 @@ __device__ __forceinline__ void b_frag(unsigned (&f)[2], const float* m, int str
     f[1] = tf32_of(m[(k + 4) * stride + c]);
 }
 
-// The B fragment of column c at k-step k of a [col][stride] array (its transpose).
-__device__ __forceinline__ void b_frag_t(unsigned (&f)[2], const float* m, int stride, int k, int c) {
-    f[0] = tf32_of(m[c * stride + k]);
-    f[1] = tf32_of(m[c * stride + k + 4]);
+// The B fragment of column c of a [col][stride] array (its transpose), k paired as a_frag_pair's.
+__device__ __forceinline__ void b_frag_pair(unsigned (&f)[2], const float* m, int stride, int k, int c) {
+    const float2 v = *reinterpret_cast<const float2*>(m + c * stride + k);
+    f[0] = tf32_of(v.x), f[1] = tf32_of(v.y);
 }
 
 extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM_PARAMS) {
-    constexpr int L = MAMBA_SSD_ROWS, PT = MAMBA_SSD_HD / 8;  // the state's channel tiles
-    constexpr int SSD_MS = L + 4;
-    // Row tiles of 16, warps a row tile (each its share of C . B's columns and of y's channels),
-    // and rows of dt a lane of warp 0.
-    constexpr int STRIPS = L / 16, WPS = 8 / STRIPS, GT = L / 8 / WPS, YT = PT / WPS, RPL = L / 32;
-    static_assert(L == 32 || L == 64, "two or four row tiles, four or two warps each");
+    constexpr int L = MAMBA_SSD_ROWS, NH = MAMBA_SSD_N / 2, NT = NH / 8;
     extern __shared__ __align__(16) float sm[];
-    float* bs = sm;
-    float* cs = bs + L * SSD_BS;
-    float* xs = cs + L * SSD_BS;
-    float* ms = xs + L * SSD_XS;
-    float* ss = ms + L * SSD_MS;
-    float* cum = ss + MAMBA_SSD_N * SSD_XS;
-    float* dts = cum + L;
-    float* wst = dts + L;
-    float* dec = wst + L;
+    float* ms = sm + 2 * SSD_STAGE;
+    float* ys = ms + L * SSD_MS;
     pdl_launch_dependents();
     const int h = blockIdx.x, seg = gridDim.y - 1 - blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
@@ -101,35 +118,29 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
     if (r0 == r1) return;
     const bool fresh = positions[r0] == 0;
     float* st = ssm_state + ((size_t)slots[seg] * heads + h) * n_state * hd;
-    // This warp's 16 rows of the state (n_a and n_a + 8 in each fragment), every channel.
-    const int n_a = 16 * warp + gq;
-    float sacc[PT][4];
+    // This warp's tile of S^T: channels 16 pt .. + 16 (rows gq and gq + 8 of each fragment), state
+    // values 64 nh .. + 64 (NT tiles of 8, columns 2 tq and 2 tq + 1).
+    const int pt = warp % 4, nh = warp / 4, p_a = 16 * pt + gq, n_b = NH * nh + 2 * tq;
+    const bool has_p = 16 * pt < hd;
+    float sacc[NT][4];
 #pragma unroll
-    for (int j = 0; j < PT; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int n = n_a + (e >> 1) * 8, p = 8 * j + 2 * tq + (e & 1);
+            const int p = p_a + (e >> 1) * 8, n = n_b + 8 * j + (e & 1);
             sacc[j][e] = (!fresh && n < n_state && p < hd) ? st[(size_t)n * hd + p] : 0.0f;
         }
     pdl_wait();
     // Zeros everywhere once: the columns past d_state and hd are never loaded.
-    const int total = 2 * L * SSD_BS + L * SSD_XS + L * SSD_MS + MAMBA_SSD_N * SSD_XS + 3 * L + 4;
+    const int total = 2 * SSD_STAGE + L * SSD_MS + 2 * L * SSD_YS;
     for (int e = threadIdx.x; e < total; e += SSD_THREADS) sm[e] = 0.0f;
     __syncthreads();
-    auto state_to_smem = [&]() {
-#pragma unroll
-        for (int j = 0; j < PT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ss[(n_a + (e >> 1) * 8) * SSD_XS + 8 * j + 2 * tq + (e & 1)] = sacc[j][e];
-    };
-    state_to_smem();
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
     const bool vec = ((conv_dim | inner | n_state | hd) & 3) == 0;
-    const int kn = (n_state + 7) / 8;  // k-steps over the state
-    const int m = warp % STRIPS, part = warp / STRIPS, t_a = 16 * m + gq, t_b = t_a + 8;
-    for (int t0 = r0; t0 < r1;) {
-        const int nt = min(L - positions[t0] % L, r1 - t0);
-        // Stage B, C and x of the chunk's rows; rows past nt are zeros.
+    // Stages B, C, x and dt of rows t0 .. t0 + nt into `buf`; rows past nt are zeros (dt's are
+    // never read). One cp.async group a thread.
+    auto stage = [&](int t0, int nt, float* buf) {
+        float *bs = buf, *cs = bs + L * SSD_BS, *xs = cs + L * SSD_BS, *dr = xs + L * SSD_XS;
         if (vec) {
             const int q4 = n_state / 4, x4 = hd / 4;
             for (int e = threadIdx.x; e < L * q4; e += SSD_THREADS) {
@@ -142,7 +153,6 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 const int j = e / x4, c = 4 * (e % x4);
                 cp_async16(xs + j * SSD_XS + c, xbc + (size_t)(t0 + min(j, nt - 1)) * conv_dim + h * hd + c, j < nt);
             }
-            cp_async_commit();
         } else {
             for (int e = threadIdx.x; e < L * n_state; e += SSD_THREADS) {
                 const int j = e / n_state, c = e % n_state;
@@ -155,150 +165,142 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM
                 xs[j * SSD_XS + c] = j < nt ? xbc[(size_t)(t0 + j) * conv_dim + h * hd + c] : 0.0f;
             }
         }
-        // dt and the running sum of dt A: warp 0, RPL rows a lane, a scan over the lanes.
-        if (warp == 0) {
-            float dv[RPL], cv[RPL];
-            float run = 0.0f;
-#pragma unroll
-            for (int k = 0; k < RPL; k++) {
-                const int j = RPL * lane + k;
-                dv[k] = j < nt ? ssm_dt(zxbcdt[(size_t)(t0 + j) * in_dim + inner + conv_dim + h], dtb, dt_min) : 0.0f;
-                run = k == 0 ? dv[k] * ah : run + dv[k] * ah;
-                cv[k] = run;
-            }
-            float incl = run;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const float v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            float before = __shfl_up_sync(0xffffffffu, incl, 1);
-            if (lane == 0) before = 0.0f;
-#pragma unroll
-            for (int k = 0; k < RPL; k++) {
-                cv[k] = lane == 0 ? cv[k] : before + cv[k];
-                cum[RPL * lane + k] = cv[k];
-                dts[RPL * lane + k] = dv[k];
-            }
-            __syncwarp();
-            const float last = cum[nt - 1];
-#pragma unroll
-            for (int k = 0; k < RPL; k++) {
-                const int j = RPL * lane + k;
-                wst[j] = j < nt ? dv[k] * expf(last - cv[k]) : 0.0f;
-            }
-            if (lane == 0) dec[0] = expf(last);
-        }
+        for (int j = threadIdx.x; j < nt; j += SSD_THREADS)
+            cp_async4(dr + j, zxbcdt + (size_t)(t0 + j) * in_dim + inner + conv_dim + h);
+        cp_async_commit();
+    };
+    // C . B and y: row tile m (rows t_a, t_b), columns 8 part .. + 8 of C . B and channels
+    // 16 part .. + 16 of y.
+    const int m = warp % 2, part = warp / 2, t_a = 16 * m + gq, t_b = t_a + 8, s0 = 8 * part;
+    const int kn = (n_state + 7) / 8;  // k-steps over the state
+    int t0 = r0, nt = min(L - positions[r0] % L, r1 - r0);
+    stage(t0, nt, sm);
+    for (int k = 0; t0 < r1; k++) {
         cp_async_wait<0>();
+        // This chunk's inputs are everyone's, and the chunk before is done with ms and ys.
         __syncthreads();
-        // C . B for this warp's rows and columns (those at or before its last row), and C . S for
-        // its rows and channels: the same C fragments.
-        float gacc[GT][4], yacc[YT][4];
+        const int t1 = t0 + nt, nt1 = min(L, r1 - t1);
+        if (t1 < r1) stage(t1, nt1, sm + ((k + 1) & 1) * SSD_STAGE);
+        const float* bs = sm + (k & 1) * SSD_STAGE;
+        const float *cs = bs + L * SSD_BS, *xs = cs + L * SSD_BS, *dr = xs + L * SSD_XS;
+        // dt, its running sum of dt A (a row a lane), the state update's weights
+        // w_s = exp(cum_last - cum_s) dt_s and the state's decay, in every warp.
+        const float dv = lane < nt ? ssm_dt(dr[lane], dtb, dt_min) : 0.0f;
+        float cum = dv * ah;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-#pragma unroll
-            for (int j = 0; j < GT; j++) gacc[j][e] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < YT; j++) yacc[j][e] = 0.0f;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float v = __shfl_up_sync(0xffffffffu, cum, o);
+            if (lane >= o) cum += v;
         }
-#pragma unroll 2
-        for (int kk = 0; kk < kn; kk++) {
-            unsigned af[4];
-            a_frag(af, cs, SSD_BS, t_a, 8 * kk + tq);
-#pragma unroll
-            for (int j = 0; j < GT; j++) {
-                const int s0 = 8 * (part * GT + j);
-                if (s0 <= 16 * m + 15) {
-                    unsigned bf[2];
-                    b_frag_t(bf, bs, SSD_BS, 8 * kk + tq, s0 + gq);
-                    mma_tf32(gacc[j], af, bf);
-                }
+        const float last = __shfl_sync(0xffffffffu, cum, nt - 1);
+        const float wv = lane < nt ? dv * expf(last - cum) : 0.0f;
+        // C . B for this warp's rows and columns, where any column is at or before its last row.
+        if (s0 <= 16 * m + 15) {
+            float gacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int kk = 0; kk < kn; kk++) {
+                unsigned af[4], bf[2];
+                a_frag_pair(af, cs, SSD_BS, t_a, 8 * kk + 2 * tq);
+                b_frag_pair(bf, bs, SSD_BS, 8 * kk + 2 * tq, s0 + gq);
+                mma_tf32(gacc, af, bf);
             }
-#pragma unroll
-            for (int j = 0; j < YT; j++) {
-                const int p0 = 8 * (part * YT + j);
-                if (p0 < hd) {
-                    unsigned bf[2];
-                    b_frag(bf, ss, SSD_XS, 8 * kk + tq, p0 + gq);
-                    mma_tf32(yacc[j], af, bf);
-                }
-            }
-        }
-        // The masked, decayed C . B with dt folded in: M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s,
-        // s <= t.
-#pragma unroll
-        for (int j = 0; j < GT; j++) {
-            const int s0 = 8 * (part * GT + j);
-            if (s0 <= 16 * m + 15) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int t = e < 2 ? t_a : t_b, sc = s0 + 2 * tq + (e & 1);
-                    ms[t * SSD_MS + sc] = sc <= t ? gacc[j][e] * expf(cum[t] - cum[sc]) * dts[sc] : 0.0f;
-                }
-            }
-        }
-        __syncthreads();
-        // y = exp(cum_t) C . S + M x + D x.
-        const float ea = expf(cum[t_a]), eb = expf(cum[t_b]);
-#pragma unroll
-        for (int j = 0; j < YT; j++) yacc[j][0] *= ea, yacc[j][1] *= ea, yacc[j][2] *= eb, yacc[j][3] *= eb;
-        for (int ks = 0; ks < 2 * (m + 1); ks++) {
-            unsigned af[4];
-            a_frag(af, ms, SSD_MS, t_a, 8 * ks + tq);
-#pragma unroll
-            for (int j = 0; j < YT; j++) {
-                const int p0 = 8 * (part * YT + j);
-                if (p0 < hd) {
-                    unsigned bf[2];
-                    b_frag(bf, xs, SSD_XS, 8 * ks + tq, p0 + gq);
-                    mma_tf32(yacc[j], af, bf);
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < YT; j++) {
+            // The masked, decayed C . B with dt folded in: M[t][s] = (C_t . B_s) exp(cum_t - cum_s)
+            // dt_s, s <= t.
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int t = e < 2 ? t_a : t_b, p = 8 * (part * YT + j) + 2 * tq + (e & 1);
-                if (t < nt && p < hd)
-                    y[(size_t)(t0 + t) * inner + (size_t)h * hd + p] = yacc[j][e] + dh * xs[t * SSD_XS + p];
+                const int t = e < 2 ? t_a : t_b, sc = s0 + 2 * tq + (e & 1);
+                const float ct = __shfl_sync(0xffffffffu, cum, t), cs_ = __shfl_sync(0xffffffffu, cum, sc);
+                const float ds = __shfl_sync(0xffffffffu, dv, sc);
+                ms[t * SSD_MS + sc] = sc <= t ? gacc[e] * expf(ct - cs_) * ds : 0.0f;
             }
         }
-        // The state: S = exp(cum_last) S + (B^T w) x, w_s = exp(cum_last - cum_s) dt_s.
-        if (16 * warp < n_state) {
-            const float dl = dec[0];
+        // y's state term from this warp's share of the state: (S^T C^T)[p][t] over its 64 state
+        // values, into ys[nh][t][p].
+        if (has_p) {
+            float yt[L / 8][4];
 #pragma unroll
-            for (int j = 0; j < PT; j++)
+            for (int tt = 0; tt < L / 8; tt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) yt[tt][e] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (NH * nh + 8 * j < n_state) {
+                    const unsigned af[4] = {tf32_of(sacc[j][0]), tf32_of(sacc[j][2]), tf32_of(sacc[j][1]),
+                                            tf32_of(sacc[j][3])};
+#pragma unroll
+                    for (int tt = 0; tt < L / 8; tt++) {
+                        unsigned bf[2];
+                        b_frag_pair(bf, cs, SSD_BS, n_b + 8 * j, 8 * tt + gq);
+                        mma_tf32(yt[tt], af, bf);
+                    }
+                }
+            }
+            float* yh = ys + nh * L * SSD_YS;
+#pragma unroll
+            for (int tt = 0; tt < L / 8; tt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) yh[(8 * tt + 2 * tq + (e & 1)) * SSD_YS + p_a + (e >> 1) * 8] = yt[tt][e];
+        }
+        __syncthreads();
+        // y = exp(cum_t) C . S + M x + D x, channels 16 part .. + 16 of rows t_a, t_b.
+        {
+            const float ea = expf(__shfl_sync(0xffffffffu, cum, t_a)), eb = expf(__shfl_sync(0xffffffffu, cum, t_b));
+            float yacc[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = e < 2 ? t_a : t_b, p = 16 * part + 8 * j + 2 * tq + (e & 1);
+                    yacc[j][e] = (e < 2 ? ea : eb) * (ys[t * SSD_YS + p] + ys[(L + t) * SSD_YS + p]);
+                }
+            for (int ks = 0; ks < 2 * (m + 1); ks++) {
+                unsigned af[4];
+                a_frag(af, ms, SSD_MS, t_a, 8 * ks + tq);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    unsigned bf[2];
+                    b_frag(bf, xs, SSD_XS, 8 * ks + tq, 16 * part + 8 * j + gq);
+                    mma_tf32(yacc[j], af, bf);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = e < 2 ? t_a : t_b, p = 16 * part + 8 * j + 2 * tq + (e & 1);
+                    if (t < nt && p < hd)
+                        y[(size_t)(t0 + t) * inner + (size_t)h * hd + p] = yacc[j][e] + dh * xs[t * SSD_XS + p];
+                }
+        }
+        // The state: S^T = exp(cum_last) S^T + x^T (w B).
+        if (has_p) {
+            const float dl = expf(last);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sacc[j][e] *= dl;
             for (int ks = 0; ks < (nt + 7) / 8; ks++) {
                 const int sa = 8 * ks + tq, sb = sa + 4;
-                const float wa = wst[sa], wb = wst[sb];
-                unsigned af[4] = {tf32_of(bs[sa * SSD_BS + n_a] * wa), tf32_of(bs[sa * SSD_BS + n_a + 8] * wa),
-                                  tf32_of(bs[sb * SSD_BS + n_a] * wb), tf32_of(bs[sb * SSD_BS + n_a + 8] * wb)};
+                const float wa = __shfl_sync(0xffffffffu, wv, sa), wb = __shfl_sync(0xffffffffu, wv, sb);
+                unsigned af[4];
+                a_frag_t(af, xs, SSD_XS, p_a, sa);
 #pragma unroll
-                for (int j = 0; j < PT; j++) {
-                    if (8 * j < hd) {
-                        unsigned bf[2];
-                        b_frag(bf, xs, SSD_XS, sa, 8 * j + gq);
+                for (int j = 0; j < NT; j++) {
+                    if (NH * nh + 8 * j < n_state) {
+                        const int n = NH * nh + 8 * j + gq;
+                        const unsigned bf[2] = {tf32_of(wa * bs[sa * SSD_BS + n]), tf32_of(wb * bs[sb * SSD_BS + n])};
                         mma_tf32(sacc[j], af, bf);
                     }
                 }
             }
         }
-        __syncthreads();  // every read of this chunk's rows and of the state before it is done
-        t0 += nt;
-        if (t0 < r1) {
-            state_to_smem();
-            // The next chunk's staging waits on the barrier after its copies.
-        }
+        t0 = t1, nt = nt1;
     }
 #pragma unroll
-    for (int j = 0; j < PT; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int n = n_a + (e >> 1) * 8, p = 8 * j + 2 * tq + (e & 1);
+            const int p = p_a + (e >> 1) * 8, n = n_b + 8 * j + (e & 1);
             if (n < n_state && p < hd) st[(size_t)n * hd + p] = sacc[j][e];
         }
 }
-

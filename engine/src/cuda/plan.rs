@@ -169,12 +169,13 @@ pub fn mamba_ssd(m: &crate::hybrid::Mamba) -> bool {
     m.head_dim <= MAMBA_SSD_HD && m.d_state <= MAMBA_SSD_N
 }
 
-/// Dynamic shared memory of a `mamba_ssd` block (mamba_ssd.cu): B and C [rows][N + 4], x
-/// [rows][hd + 8], the decayed C . B [rows][rows + 4], the state [N][hd + 8], and three words a
-/// row and four more.
+/// Dynamic shared memory of a `mamba_ssd` block (mamba_ssd.cu): two stages of B and C
+/// [rows][N + 8], x [rows][hd + 8] and dt [rows]; the decayed C . B [rows][rows + 4]; y's state
+/// term from each half of the state values [2][rows][hd + 4].
 pub fn mamba_ssd_smem_bytes() -> u32 {
     let (l, hd, n) = (MAMBA_SSD_ROWS, MAMBA_SSD_HD, MAMBA_SSD_N);
-    let floats = 2 * l * (n + 4) + l * (hd + 8) + l * (l + 4) + n * (hd + 8) + 3 * l + 4;
+    let stage = 2 * l * (n + 8) + l * (hd + 8) + l;
+    let floats = 2 * stage + l * (l + 4) + 2 * l * (hd + 4);
     (floats * 4) as u32
 }
 
