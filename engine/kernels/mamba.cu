@@ -128,8 +128,8 @@ __device__ __forceinline__ float ssm_dt(float dt_raw, float dtb, float dt_min) {
 }
 
 // One row of the recurrence for thread (i, q) of CH channels, their state values n0 .. n0 + per
-// in `v`: v = v * da + dt B x (da = exp(dt A)), then the split's share of y = v . C, its `split`
-// parts added by shuffles in a fixed order; `out` gets that sum plus D x. `b` and `c` point at
+// in `v`: v = v * da + dt B x (da = exp(dt A)), and `acc` gets the thread's share of y = v . C
+// (split_sum adds the split's shares in a fixed order). `b` and `c` point at
 // this thread's `per` values of B and C, read once for all CH channels; VEC: 16-byte aligned, read
 // four at a time (prefill's staged copies, padded to whole float4s, and decode's rows where the
 // model's widths keep them aligned), else one at a time (decode, straight from global memory).
@@ -138,10 +138,10 @@ __device__ __forceinline__ float ssm_dt(float dt_raw, float dtb, float dt_min) {
 // FULL: per is MAMBA_SSM_PER (every d_state of 32 or more), so its bounds fold away.
 template <int CH, bool VEC, bool FULL>
 __device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int per_, const float* b,
-                                            const float* c, float dt, float da, const float (&x)[CH], float dh,
-                                            int split, float (&out)[CH]) {
+                                            const float* c, float dt, float da, const float (&x)[CH],
+                                            float (&acc)[CH]) {
     const int per = FULL ? MAMBA_SSM_PER : per_;
-    float dtx[CH], acc[CH];
+    float dtx[CH];
 #pragma unroll
     for (int k = 0; k < CH; k++) dtx[k] = dt * x[k], acc[k] = 0.0f;
     if (VEC) {
@@ -175,6 +175,24 @@ __device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int p
             }
         }
     }
+}
+
+template <int CH, bool VEC>
+__device__ __forceinline__ void ssm_rows(float (&v)[CH][MAMBA_SSM_PER], int per, const float* b, const float* c,
+                                         float dt, float da, const float (&x)[CH], float (&acc)[CH]) {
+    if (per == MAMBA_SSM_PER)
+        ssm_rows_of<CH, VEC, true>(v, per, b, c, dt, da, x, acc);
+    else
+        ssm_rows_of<CH, VEC, false>(v, per, b, c, dt, da, x, acc);
+}
+
+// y of a channel: its `split` shares of v . C added split / 2 apart, then split / 4 ..., 1 (share
+// q takes q + o's while q < o), plus D x. The prefill scan's split is one warp's neighbouring
+// lanes (shuffles); the decode step's is a block's warps (split_sum_shared), in the same order,
+// so the two agree bit for bit.
+template <int CH>
+__device__ __forceinline__ void split_sum_shuffled(float (&acc)[CH], const float (&x)[CH], float dh, int split,
+                                                   float (&out)[CH]) {
 #pragma unroll
     for (int k = 0; k < CH; k++) {
         // split / 2 down to 1, unrolled: the split is a power of two <= 32.
@@ -185,14 +203,19 @@ __device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int p
     }
 }
 
-template <int CH, bool VEC>
-__device__ __forceinline__ void ssm_rows(float (&v)[CH][MAMBA_SSM_PER], int per, const float* b, const float* c,
-                                         float dt, float da, const float (&x)[CH], float dh, int split,
-                                         float (&out)[CH]) {
-    if (per == MAMBA_SSM_PER)
-        ssm_rows_of<CH, VEC, true>(v, per, b, c, dt, da, x, dh, split, out);
-    else
-        ssm_rows_of<CH, VEC, false>(v, per, b, c, dt, da, x, dh, split, out);
+// The decode step's split_sum: share q of channel i at part[q * hd + i]; thread (i, 0) gets y.
+// Every thread of the block calls it (it synchronises them).
+__device__ __forceinline__ float split_sum_shared(float* part, float acc, float x, float dh, int i, int q, int hd,
+                                                  int split) {
+    part[q * hd + i] = acc;
+    __syncthreads();
+    for (int o = split / 2; o > 0; o >>= 1) {
+        if (q < o) part[q * hd + i] = part[q * hd + i] + part[(q + o) * hd + i];
+        __syncthreads();
+    }
+    const float out = part[i] + x * dh;
+    __syncthreads();  // before the next row writes its shares
+    return out;
 }
 
 // Prefill stages its rows in shared memory, `tile` rows at a time, two tiles deep: the next
@@ -205,7 +228,11 @@ __device__ __forceinline__ void ssm_rows(float (&v)[CH][MAMBA_SSM_PER], int per,
 //
 // One block per (head, segment), `split` threads per channel of the head (split a power of two
 // <= 32 dividing d_state): thread (i, q) keeps the state values n = q * per .. (q + 1) * per of
-// `ch` channels, i + k * (hd / ch) for k < ch, in registers, so blockDim.x = hd / ch x split. The
+// `ch` channels, i + k * (hd / ch) for k < ch, in registers, so blockDim.x = hd / ch x split.
+// Prefill's thread (i, q) is thread i * split + q, a channel's split in neighbouring lanes; the
+// decode step's is thread q * hd + i, so that a warp's loads and stores of the state (a value n of
+// the head's channels, [N][hd]) are whole 128-byte lines rather than four 32-byte pieces of four
+// lines (docs/ENGINE.md, session 26). The
 // decode step takes one channel a thread (ch = 1); prefill takes MAMBA_SCAN_CH where the head
 // allows (plan.rs mamba_scan_channels), so each B and C value a thread reads from shared memory
 // serves that many channels (docs/ENGINE.md, session 21). Per row: state = state *
@@ -235,7 +262,7 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     // first and the short ones fill in behind them (as attention_prefill's tiles do), rather than
     // the longest starting in the last wave.
     const int h = blockIdx.x, s = STEP ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
-    const int i = threadIdx.x / split, q = threadIdx.x % split;
+    const int i = STEP ? threadIdx.x % hd : threadIdx.x / split, q = STEP ? threadIdx.x / hd : threadIdx.x % split;
     const int hdc = (int)blockDim.x / split, ch = hd / hdc;  // channels a thread, and their stride
     const int per = n_state / split, n0 = q * per;
     const float ah = a[h], dh = d[h], dtb = dt_bias[h];
@@ -253,18 +280,20 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
     if constexpr (STEP) {
         // B and C four at a time where every thread's share starts 16-byte aligned.
+        __shared__ float part[1024];
         const bool vec = ((conv_dim | inner | n_state | per) & 3) == 0;
         for (int row = r0; row < r1; row++) {
             const float* xr = xbc + (size_t)row * conv_dim;
             const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
             const float *b = xr + b_off + n0, *c = xr + c_off + n0;
             const float x[1] = {xr[h * hd + i]};
-            float out[1];
+            float acc[1];
             if (vec)
-                ssm_rows<1, true>(v, per, b, c, dt, expf(dt * ah), x, dh, split, out);
+                ssm_rows<1, true>(v, per, b, c, dt, expf(dt * ah), x, acc);
             else
-                ssm_rows<1, false>(v, per, b, c, dt, expf(dt * ah), x, dh, split, out);
-            if (q == 0) y[(size_t)row * inner + h * hd + i] = out[0];
+                ssm_rows<1, false>(v, per, b, c, dt, expf(dt * ah), x, acc);
+            const float out = split_sum_shared(part, acc[0], x[0], dh, i, q, hd, split);
+            if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
         }
     } else {
         // A tile's floats: [tile][B regions | C regions], [tile][hd] x, [tile] dt, [tile] exp(dt A).
@@ -314,11 +343,11 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
             const float* bq = buf + q * region;
 #pragma unroll 2
             for (int tt = 0; tt < nt; tt++) {
-                float x[CH], out[CH];
+                float x[CH], acc[CH], out[CH];
 #pragma unroll
                 for (int k = 0; k < CH; k++) x[k] = k < ch ? sx[tt * hd + i + k * hdc] : 0.0f;
-                ssm_rows<CH, true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt], x, dh, split,
-                                   out);
+                ssm_rows<CH, true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt], x, acc);
+                split_sum_shuffled<CH>(acc, x, dh, split, out);
                 if (q == 0) {
 #pragma unroll
                     for (int k = 0; k < CH; k++)
@@ -339,8 +368,10 @@ extern "C" __global__ void mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_S
 
 // The decode step's form: 80 registers, three blocks of 256 threads a multiprocessor, where the
 // step's path inside mamba_ssm took 125 (two). Bounds of 64 registers (16 bytes spilled) made
-// Nemotron-H-8B's batch-1 request 0.9% slower than without them (session 21, docs/ENGINE.md).
-extern "C" __global__ void mamba_ssm_step(MAMBA_SSM_PARAMS) {
+// Nemotron-H-8B's batch-1 request 0.9% slower than without them (session 21, docs/ENGINE.md);
+// the shares summed through shared memory took 88 unbounded (two blocks), 80 at this bound with
+// no spill.
+extern "C" __global__ void __maxnreg__(80) mamba_ssm_step(MAMBA_SSM_PARAMS) {
     ssm_scan<true>(MAMBA_SSM_ARGS);
 }
 
