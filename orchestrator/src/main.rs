@@ -324,6 +324,12 @@ fn report_cmd(records: &Path, out: &Path) -> ExitCode {
             for p in &o.written {
                 outln!("wrote {}", p.display());
             }
+            for p in &o.removed {
+                outln!(
+                    "removed {} (a chart these records no longer draw)",
+                    p.display()
+                );
+            }
             for r in &o.rejected {
                 sayln!("orchestrator report: {r}");
             }

@@ -236,6 +236,10 @@ fn records_from_two_host_classes_are_never_mixed() {
     }
     Synth::new("v", "aaaaaaaa", "2026-11-01T11:00:00Z").write(&recs);
     let out = tmp.path().join("BENCHMARKS.md");
+    // What a report drew when u's records were of one class, and a file that is not a chart.
+    std::fs::create_dir_all(tmp.path().join("charts")).unwrap();
+    std::fs::write(tmp.path().join("charts/u.svg"), "<svg/>").unwrap();
+    std::fs::write(tmp.path().join("charts/README"), "kept").unwrap();
     let o = Command::new(BIN)
         .arg("report")
         .arg("--records-dir")
@@ -293,7 +297,14 @@ fn records_from_two_host_classes_are_never_mixed() {
         assert!(s.contains(&format!("]({file})")), "{s}");
         assert!(tmp.path().join(&file).exists(), "{file}");
     }
+    // The one-class chart is gone (and said so), the file that is not a chart stays.
     assert!(!tmp.path().join("charts/u.svg").exists());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("charts/u.svg (a chart these records no longer draw)"),
+        "{stdout}"
+    );
+    assert!(tmp.path().join("charts/README").exists());
     // One class: the section is as it always was.
     let v = &md[md.find("## v\n").unwrap()..];
     assert!(v.starts_with("## v\n\nLatest run: record `v/"), "{v}");
