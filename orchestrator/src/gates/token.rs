@@ -183,6 +183,7 @@ impl TokenGate {
                 golden: j.file.clone(),
                 mismatches: t.mismatches.clone(),
                 exact_because: Some(because.clone()),
+                other_gpu: other_gpu(golden, rec).map(Box::new),
             };
             out.push(GateResult::refused(self, Some(leg), &reason));
         }
@@ -200,6 +201,14 @@ impl TokenGate {
         }
         out
     }
+}
+
+/// The golden's capture GPU and the leg's (each's `versions.gpu`), where both are known and
+/// differ.
+fn other_gpu(golden: &Golden, leg: &LegRecord) -> Option<(String, String)> {
+    let golden_gpu = golden.capture.versions.get("gpu")?.as_str()?;
+    let leg_gpu = leg.ready.as_ref()?.versions.get("gpu")?.as_str()?;
+    (golden_gpu != leg_gpu).then(|| (golden_gpu.to_string(), leg_gpu.to_string()))
 }
 
 /// The leg's tallies under the rules that apply to it.
@@ -331,6 +340,29 @@ mod tests {
             keys(&same, &["env.VLLM_ENABLE_V1_MULTIPROCESSING"]),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn other_gpu_is_the_goldens_and_the_legs_where_both_are_known_and_differ() {
+        let mut g = golden();
+        let on = |gpu: Option<&str>| {
+            let versions = gpu.map_or(serde_json::json!({}), |n| serde_json::json!({"gpu": n}));
+            with_ready(
+                leg(vec![]),
+                serde_json::json!({"type": "ready", "load_s": 1.0, "kv": null, "versions": versions}),
+            )
+        };
+        let h100 = on(Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(other_gpu(&g, &h100), None, "the golden names no GPU");
+        g.capture
+            .versions
+            .insert("gpu".into(), serde_json::json!("NVIDIA H200"));
+        assert_eq!(
+            other_gpu(&g, &h100),
+            Some(("NVIDIA H200".into(), "NVIDIA H100 80GB HBM3".into()))
+        );
+        assert_eq!(other_gpu(&g, &on(Some("NVIDIA H200"))), None);
+        assert_eq!(other_gpu(&g, &on(None)), None, "the leg names no GPU");
     }
 
     fn leg(rows: Vec<(u32, Vec<Vec<u32>>)>) -> LegRecord {

@@ -23,6 +23,10 @@ pub enum TokenReason {
         /// Why these rows are held to exact match.
         #[serde(default)]
         exact_because: Option<String>,
+        /// The GPU the golden was captured on and the one the leg ran on, where both are known
+        /// (`versions.gpu` of the golden's capture and of the leg's ready) and differ.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        other_gpu: Option<Box<(String, String)>>,
     },
     /// Teacher-forced positions beyond the tolerance, not finite, or not judgeable, or batch
     /// sizes the leg did not verify.
@@ -49,6 +53,7 @@ impl fmt::Display for TokenReason {
                 golden,
                 mismatches,
                 exact_because,
+                other_gpu,
             } => {
                 write!(
                     f,
@@ -69,6 +74,13 @@ impl fmt::Display for TokenReason {
                         f,
                         " Hint: these rows are held to exact match ({because}), so any difference is a correctness bug to bisect, from the first position named."
                     ),
+                }?;
+                match other_gpu.as_deref() {
+                    Some((golden_gpu, leg_gpu)) => write!(
+                        f,
+                        " The golden was captured on an {golden_gpu} and this leg ran on an {leg_gpu}: an implementation picks its kernels per GPU, so its sums may run in another order here; capture a golden on this GPU (python3 -m oracle capture, docs/ORACLE.md) to hold the leg to exact match on it."
+                    ),
+                    None => Ok(()),
                 }
             }
             TokenReason::ForcedMismatch {
@@ -154,14 +166,51 @@ mod tests {
     }
 
     fn exact_refusal(mismatches: Vec<Mismatch>) -> String {
+        refusal_on(mismatches, None)
+    }
+
+    fn refusal_on(mismatches: Vec<Mismatch>, other_gpu: Option<(&str, &str)>) -> String {
         TokenReason::TokenMismatch {
             leg: LegName::Oracle,
             summary: "TOKEN MATCH: 1305/2560".into(),
             golden: "golden.json".into(),
             mismatches,
             exact_because: Some("same implementation at batch 1".into()),
+            other_gpu: other_gpu.map(|(g, l)| Box::new((g.into(), l.into()))),
         }
         .to_string()
+    }
+
+    #[test]
+    fn an_exact_refusal_names_the_two_gpus_where_the_golden_came_from_another() {
+        // nemotron-h-8b's oracle on an H100 at c2600e8b, against a golden captured on an H200.
+        let ties = || vec![mismatch("p1", 74346, 74346, 0.0625)];
+        let other = refusal_on(ties(), Some(("NVIDIA H200", "NVIDIA H100 80GB HBM3")));
+        assert!(
+            other.contains("The golden was captured on an NVIDIA H200 and this leg ran on an NVIDIA H100 80GB HBM3"),
+            "{other}"
+        );
+        assert!(other.contains("capture a golden on this GPU"), "{other}");
+        assert!(!exact_refusal(ties()).contains("captured on an"));
+        // The record keeps the pair, and a record without it (older, or one GPU) reads as None.
+        let r = TokenReason::TokenMismatch {
+            leg: LegName::Oracle,
+            summary: String::new(),
+            golden: "g.json".into(),
+            mismatches: vec![],
+            exact_because: None,
+            other_gpu: None,
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("other_gpu"), "{json}");
+        let back: TokenReason = serde_json::from_str(&json).unwrap();
+        assert!(matches!(
+            back,
+            TokenReason::TokenMismatch {
+                other_gpu: None,
+                ..
+            }
+        ));
     }
 
     #[test]
