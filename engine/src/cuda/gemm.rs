@@ -33,6 +33,10 @@
 //! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
 //! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
 //! algorithm is stored as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
+//! The file is named by the GPU and driver, not by these kernels' source as the GEMV tuning's is:
+//! builds that differ only in their kernels run the same GEMMs on one machine, so an A/B between
+//! them does not also compare two tunings (whose near-tied twins differ from one timing to the
+//! next: 111 against 116 ms of one batch-8 prefill, session 26).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -864,7 +868,7 @@ impl CudaBackend {
         let started = Instant::now();
         let path = tune::cache_file(
             "gemm-algos",
-            &self.kernels.cache_key,
+            &self.kernels.device_key,
             &self.device_name,
             self.sms,
         );

@@ -142,13 +142,20 @@ pub(super) fn cache_dir() -> Option<PathBuf> {
     Some(base.join("llm-bench").join("kernels"))
 }
 
+/// The compiled module's cache key: the kernels' source and options, the arch and the driver.
 pub fn cache_key(arch: &str, driver: i32, faults: &[&str]) -> String {
     let mut h = Sha256::new();
     h.update(source().as_bytes());
     h.update(options(arch, faults).join(" ").as_bytes());
     let digest = h.finalize();
     let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{hex}-{arch}-driver{driver}")
+    format!("{hex}-{}", device_key(arch, driver))
+}
+
+/// The key of what depends on the GPU and driver but not on these kernels (cuBLASLt's GEMM
+/// algorithms, gemm.rs): builds that differ only in their own kernels share it.
+pub fn device_key(arch: &str, driver: i32) -> String {
+    format!("{arch}-driver{driver}")
 }
 
 /// How the module was obtained, for the `ready` event.
@@ -156,6 +163,8 @@ pub fn cache_key(arch: &str, driver: i32, faults: &[&str]) -> String {
 pub struct Provenance {
     pub arch: String,
     pub cache_key: String,
+    /// [`device_key`].
+    pub device_key: String,
     pub from_cache: bool,
     pub compile_s: f64,
 }
@@ -201,6 +210,7 @@ pub fn load(
         Provenance {
             arch: arch.to_string(),
             cache_key: key,
+            device_key: device_key(arch, driver),
             from_cache,
             compile_s: started.elapsed().as_secs_f64(),
         },
@@ -315,6 +325,13 @@ mod tests {
         // Host-side faults leave the kernels, and their cache entry, as they are.
         let host = Faults::parse("norm_skip,attn_scale_d,drop_bias,slow_step").unwrap();
         assert!(fault_defines(&host).is_empty());
+        // The GEMMs' key names the arch and driver only: planted kernel faults (like any other
+        // change to the kernels) leave it, and so the GEMM pins, as they are.
+        assert_eq!(device_key("sm_90", 13000), "sm_90-driver13000");
+        assert!(
+            cache_key("sm_90", 13000, &kv).ends_with(&format!("-{}", device_key("sm_90", 13000)))
+        );
+        assert_ne!(device_key("sm_90", 13000), device_key("sm_90", 13010));
     }
 
     /// The kernel faults compile (all at once; each is an independent #ifdef).
