@@ -905,10 +905,14 @@ impl CudaBackend {
         }
         if timed {
             if let Some(p) = &path {
+                // Entries of other row counts stay: builds that time other rows share the file
+                // (kernels::device_key) and would otherwise re-time at every load of either.
                 cached.retain(|c| {
-                    !shapes
-                        .iter()
-                        .any(|s| s.key == c.key && (s.out, s.inp, s.pass) == (c.out, c.inp, c.pass))
+                    !shapes.iter().any(|s| {
+                        s.key == c.key
+                            && (s.out, s.inp, s.pass) == (c.out, c.inp, c.pass)
+                            && s.rows == c.rows
+                    })
                 });
                 cached.extend(shapes.iter().cloned());
                 tune::write_cache(p, &cached);
