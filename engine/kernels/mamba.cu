@@ -2,13 +2,13 @@
 // (engine/src/hybrid/mamba.rs is the CPU reference): the causal conv over each channel's window,
 // the SSM state update and readout, the gated group RMSNorm.
 //
-// One kernel serves decode and prefill: `segments` runs of consecutive rows, segment s the rows
-// starts[s] .. starts[s + 1] of one sequence (decode: every row its own sequence, one step;
-// prefill: each prompt's rows in the chunk, one or many sequences). A sequence's conv window and
-// SSM state live in its state slot (`slots[s]`), are read once, carried through its rows in
-// registers, and written back once; a segment whose first row is at position 0 starts from
-// zeros. The scan here is sequential in its tokens: the decode step's, and prefill's for heads
-// past the chunked scan's tiles (mamba_ssd.cu sums the same recurrence in chunks on the tensor
+// The kernels take `segments` runs of consecutive rows, segment s the rows starts[s] ..
+// starts[s + 1] of one sequence (decode: every row its own sequence, one step; prefill: each
+// prompt's rows in the chunk, one or many sequences). A sequence's conv window and SSM state live
+// in its state slot (`slots[s]`), are read once, carried through its rows in registers, and
+// written back once; a segment whose first row is at position 0 starts from zeros. The scans here
+// are sequential in their tokens: the decode step's (mamba_ssm_step, one row a segment), and
+// prefill's for heads past the chunked scan's tiles (mamba_ssm) (mamba_ssd.cu sums the same recurrence in chunks on the tensor
 // cores, as transformers and vLLM do, for every other prefill). The conv has no recurrence
 // (a row's window is the inputs before it), so prefill cuts it into chunks of rows that run at
 // once, each row's sum the same as in a sequential pass.
@@ -156,8 +156,8 @@ __device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int p
                     if (j4 + e < per) {
 #pragma unroll
                         for (int k = 0; k < CH; k++) {
-                            v[k][j4 + e] = v[k][j4 + e] * da + dtx[k] * bv[e];
-                            acc[k] += v[k][j4 + e] * cv[e];
+                            v[k][j4 + e] = fmaf(v[k][j4 + e], da, dtx[k] * bv[e]);
+                            acc[k] = fmaf(v[k][j4 + e], cv[e], acc[k]);
                         }
                     }
                 }
@@ -169,8 +169,8 @@ __device__ __forceinline__ void ssm_rows_of(float (&v)[CH][MAMBA_SSM_PER], int p
             if (j < per) {
 #pragma unroll
                 for (int k = 0; k < CH; k++) {
-                    v[k][j] = v[k][j] * da + dtx[k] * b[j];
-                    acc[k] += v[k][j] * c[j];
+                    v[k][j] = fmaf(v[k][j], da, dtx[k] * b[j]);
+                    acc[k] = fmaf(v[k][j], c[j], acc[k]);
                 }
             }
         }
@@ -218,51 +218,41 @@ __device__ __forceinline__ float split_sum_shared(float* part, float acc, float 
     return out;
 }
 
-// Prefill stages its rows in shared memory, `tile` rows at a time, two tiles deep: the next
-// tile's inputs arrive by cp.async while this one is scanned. Per row: the group's B and C, each
-// thread's `per` values of them in a region of its own (whole float4s plus four words, as plan.rs
-// mamba_scan_tile_floats counts them, so a quarter-warp's 16-byte reads of the split's regions
-// fall in different banks), the head's x, and dt and exp(dt A), computed once per row rather
-// than by every thread.
+// The prefill scan stages its rows in shared memory, `tile` rows at a time, two tiles deep: the
+// next tile's inputs arrive by cp.async while this one is scanned. Per row: the group's B and C,
+// each thread's `per` values of them in a region of its own (whole float4s plus four words, as
+// plan.rs mamba_scan_tile_floats counts them, so a quarter-warp's 16-byte reads of the split's
+// regions fall in different banks), the head's x, and dt and exp(dt A), computed once per row
+// rather than by every thread.
 // Dynamic shared memory: 2 x mamba_scan_tile_floats floats (plan.rs mamba_scan_smem_bytes).
 //
 // One block per (head, segment), `split` threads per channel of the head (split a power of two
-// <= 32 dividing d_state): thread (i, q) keeps the state values n = q * per .. (q + 1) * per of
-// `ch` channels, i + k * (hd / ch) for k < ch, in registers, so blockDim.x = hd / ch x split.
-// Prefill's thread (i, q) is thread i * split + q, a channel's split in neighbouring lanes; the
-// decode step's is thread q * hd + i, so that a warp's loads and stores of the state (a value n of
-// the head's channels, [N][hd]) are whole 128-byte lines rather than four 32-byte pieces of four
-// lines (docs/ENGINE.md, session 26). The
-// decode step takes one channel a thread (ch = 1); prefill takes MAMBA_SCAN_CH where the head
-// allows (plan.rs mamba_scan_channels), so each B and C value a thread reads from shared memory
-// serves that many channels (docs/ENGINE.md, session 21). Per row: state = state *
+// <= 32 dividing d_state): thread (i, q), thread i * split + q (a channel's split in neighbouring
+// lanes), keeps the state values n = q * per .. (q + 1) * per of `ch` channels, i + k * (hd / ch)
+// for k < ch, in registers, so blockDim.x = hd / ch x split. It takes MAMBA_SCAN_CH channels
+// where the head allows (plan.rs mamba_scan_channels), so each B and C value a thread reads from
+// shared memory serves that many (docs/ENGINE.md, session 21). Per row: state = state *
 // exp(dt A) + dt B x, y = state . C + D x. ssm_state: [slots][heads][N][hd] (a channel's N values
 // strided by hd). y: [rows][inner]. dt_min: transformers clamps dt from below in its prefill scan
 // only (0 in decode). dt_bias, A (= -exp(A_log)) and D per head are f32, as vLLM keeps A and D.
-//
-// STEP: the decode step's form (tile 0: a row at a time straight from global memory), compiled
-// as a kernel of its own (mamba_ssm_step) so that its registers are not the prefill staging's.
+// The prefill scans' parameters (mamba_ssd.cu takes the same).
 #define MAMBA_SSM_PARAMS                                                                                \
     const float *__restrict__ zxbcdt, const float *__restrict__ xbc, const int *__restrict__ starts,   \
         int in_dim, int inner, int conv_dim, int heads, int hd, int n_state, int groups, int split,     \
         int tile, const float *__restrict__ dt_bias, const float *__restrict__ a,                       \
         const float *__restrict__ d, float *__restrict__ ssm_state, const int *__restrict__ slots,      \
         const int *__restrict__ positions, float dt_min, float *__restrict__ y
-#define MAMBA_SSM_ARGS \
-    zxbcdt, xbc, starts, in_dim, inner, conv_dim, heads, hd, n_state, groups, split, tile, dt_bias, a, d, \
-        ssm_state, slots, positions, dt_min, y
 
-template <bool STEP>
-__device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
-    constexpr int CH = STEP ? 1 : MAMBA_SCAN_CH;
+extern "C" __global__ void mamba_ssm(MAMBA_SSM_PARAMS) {
+    constexpr int CH = MAMBA_SCAN_CH;
     extern __shared__ __align__(16) float staged[];
     pdl_launch_dependents();
     // A pass holds its prompts shortest first (plan.rs prefill_passes), and blocks start in the
     // order of their index: prefill takes its segments from the last, so the longest scans start
     // first and the short ones fill in behind them (as attention_prefill's tiles do), rather than
     // the longest starting in the last wave.
-    const int h = blockIdx.x, s = STEP ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
-    const int i = STEP ? threadIdx.x % hd : threadIdx.x / split, q = STEP ? threadIdx.x / hd : threadIdx.x % split;
+    const int h = blockIdx.x, s = gridDim.y - 1 - blockIdx.y;
+    const int i = threadIdx.x / split, q = threadIdx.x % split;
     const int hdc = (int)blockDim.x / split, ch = hd / hdc;  // channels a thread, and their stride
     const int per = n_state / split, n0 = q * per;
     const float ah = a[h], dh = d[h], dtb = dt_bias[h];
@@ -278,84 +268,65 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
             if (j < per) v[k][j] = (fresh || k >= ch) ? 0.0f : st[(size_t)(n0 + j) * hd + k * hdc];
     pdl_wait();
     const size_t b_off = inner + (size_t)g * n_state, c_off = inner + (size_t)(groups + g) * n_state;
-    if constexpr (STEP) {
-        // B and C four at a time where every thread's share starts 16-byte aligned.
-        __shared__ float part[1024];
-        const bool vec = ((conv_dim | inner | n_state | per) & 3) == 0;
-        for (int row = r0; row < r1; row++) {
-            const float* xr = xbc + (size_t)row * conv_dim;
-            const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
-            const float *b = xr + b_off + n0, *c = xr + c_off + n0;
-            const float x[1] = {xr[h * hd + i]};
-            float acc[1];
-            if (vec)
-                ssm_rows<1, true>(v, per, b, c, dt, expf(dt * ah), x, acc);
-            else
-                ssm_rows<1, false>(v, per, b, c, dt, expf(dt * ah), x, acc);
-            const float out = split_sum_shared(part, acc[0], x[0], dh, i, q, hd, split);
-            if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
+    // A tile's floats: [tile][B regions | C regions], [tile][hd] x, [tile] dt, [tile] exp(dt A).
+    const int region = ((per + 3) & ~3) + 4, padded = split * region, bc = 2 * padded;
+    const int tile_floats = (tile * (bc + hd + 2) + 3) & ~3;
+    // Stages rows t0 .. t0 + nt into buffer `buf`: one cp.async group per thread.
+    auto stage = [&](int t0, int nt, float* buf) {
+        float* sx = buf + (size_t)tile * bc;
+        float* sdt = sx + (size_t)tile * hd;
+        for (int col = threadIdx.x; col < 2 * n_state; col += blockDim.x) {
+            const int which = col >= n_state, m = col - which * n_state;
+            const int at = which * padded + (m / per) * region + m % per;
+            const float* src = xbc + (size_t)t0 * conv_dim + (which ? c_off : b_off) + m;
+            for (int tt = 0; tt < nt; tt++) cp_async4(buf + tt * bc + at, src + (size_t)tt * conv_dim);
         }
-    } else {
-        // A tile's floats: [tile][B regions | C regions], [tile][hd] x, [tile] dt, [tile] exp(dt A).
-        const int region = ((per + 3) & ~3) + 4, padded = split * region, bc = 2 * padded;
-        const int tile_floats = (tile * (bc + hd + 2) + 3) & ~3;
-        // Stages rows t0 .. t0 + nt into buffer `buf`: one cp.async group per thread.
-        auto stage = [&](int t0, int nt, float* buf) {
-            float* sx = buf + (size_t)tile * bc;
-            float* sdt = sx + (size_t)tile * hd;
-            for (int col = threadIdx.x; col < 2 * n_state; col += blockDim.x) {
-                const int which = col >= n_state, m = col - which * n_state;
-                const int at = which * padded + (m / per) * region + m % per;
-                const float* src = xbc + (size_t)t0 * conv_dim + (which ? c_off : b_off) + m;
-                for (int tt = 0; tt < nt; tt++) cp_async4(buf + tt * bc + at, src + (size_t)tt * conv_dim);
-            }
-            for (int e = threadIdx.x; e < nt * hd; e += blockDim.x) {
-                const int tt = e / hd, xc = e % hd;
-                cp_async4(sx + tt * hd + xc, xbc + (size_t)(t0 + tt) * conv_dim + h * hd + xc);
-            }
-            for (int tt = threadIdx.x; tt < nt; tt += blockDim.x)
-                cp_async4(sdt + tt, zxbcdt + (size_t)(t0 + tt) * in_dim + inner + conv_dim + h);
-            cp_async_commit();
-        };
-        const int ntiles = (r1 - r0 + tile - 1) / tile;
-        if (ntiles > 0) stage(r0, min(tile, r1 - r0), staged);
-        for (int it = 0; it < ntiles; it++) {
-            const int t0 = r0 + it * tile, nt = min(tile, r1 - t0);
-            float* buf = staged + (size_t)(it & 1) * tile_floats;
-            // The next tile's copies go out before this one is waited for; its buffer was
-            // consumed in the iteration before (the barrier at the end of it).
-            if (it + 1 < ntiles) {
-                stage(t0 + tile, min(tile, r1 - t0 - tile), staged + (size_t)((it + 1) & 1) * tile_floats);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
-            float* sx = buf + (size_t)tile * bc;
-            float* sdt = sx + (size_t)tile * hd;
-            float* sda = sdt + tile;
-            for (int tt = threadIdx.x; tt < nt; tt += blockDim.x) {
-                const float dt = ssm_dt(sdt[tt], dtb, dt_min);
-                sdt[tt] = dt;
-                sda[tt] = expf(dt * ah);
-            }
-            __syncthreads();
-            const float* bq = buf + q * region;
+        for (int e = threadIdx.x; e < nt * hd; e += blockDim.x) {
+            const int tt = e / hd, xc = e % hd;
+            cp_async4(sx + tt * hd + xc, xbc + (size_t)(t0 + tt) * conv_dim + h * hd + xc);
+        }
+        for (int tt = threadIdx.x; tt < nt; tt += blockDim.x)
+            cp_async4(sdt + tt, zxbcdt + (size_t)(t0 + tt) * in_dim + inner + conv_dim + h);
+        cp_async_commit();
+    };
+    const int ntiles = (r1 - r0 + tile - 1) / tile;
+    if (ntiles > 0) stage(r0, min(tile, r1 - r0), staged);
+    for (int it = 0; it < ntiles; it++) {
+        const int t0 = r0 + it * tile, nt = min(tile, r1 - t0);
+        float* buf = staged + (size_t)(it & 1) * tile_floats;
+        // The next tile's copies go out before this one is waited for; its buffer was
+        // consumed in the iteration before (the barrier at the end of it).
+        if (it + 1 < ntiles) {
+            stage(t0 + tile, min(tile, r1 - t0 - tile), staged + (size_t)((it + 1) & 1) * tile_floats);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float* sx = buf + (size_t)tile * bc;
+        float* sdt = sx + (size_t)tile * hd;
+        float* sda = sdt + tile;
+        for (int tt = threadIdx.x; tt < nt; tt += blockDim.x) {
+            const float dt = ssm_dt(sdt[tt], dtb, dt_min);
+            sdt[tt] = dt;
+            sda[tt] = expf(dt * ah);
+        }
+        __syncthreads();
+        const float* bq = buf + q * region;
 #pragma unroll 2
-            for (int tt = 0; tt < nt; tt++) {
-                float x[CH], acc[CH], out[CH];
+        for (int tt = 0; tt < nt; tt++) {
+            float x[CH], acc[CH], out[CH];
 #pragma unroll
-                for (int k = 0; k < CH; k++) x[k] = k < ch ? sx[tt * hd + i + k * hdc] : 0.0f;
-                ssm_rows<CH, true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt], x, acc);
-                split_sum_shuffled<CH>(acc, x, dh, split, out);
-                if (q == 0) {
+            for (int k = 0; k < CH; k++) x[k] = k < ch ? sx[tt * hd + i + k * hdc] : 0.0f;
+            ssm_rows<CH, true>(v, per, bq + tt * bc, bq + tt * bc + padded, sdt[tt], sda[tt], x, acc);
+            split_sum_shuffled<CH>(acc, x, dh, split, out);
+            if (q == 0) {
 #pragma unroll
-                    for (int k = 0; k < CH; k++)
-                        if (k < ch) y[(size_t)(t0 + tt) * inner + h * hd + i + k * hdc] = out[k];
-                }
+                for (int k = 0; k < CH; k++)
+                    if (k < ch) y[(size_t)(t0 + tt) * inner + h * hd + i + k * hdc] = out[k];
             }
-            __syncthreads();  // before the next iteration stages into the buffer before this one
         }
+        __syncthreads();  // before the next iteration stages into the buffer before this one
     }
 #pragma unroll
     for (int k = 0; k < CH; k++)
@@ -364,15 +335,168 @@ __device__ __forceinline__ void ssm_scan(MAMBA_SSM_PARAMS) {
             if (k < ch && j < per) st[(size_t)(n0 + j) * hd + k * hdc] = v[k][j];
 }
 
-extern "C" __global__ void mamba_ssm(MAMBA_SSM_PARAMS) { ssm_scan<false>(MAMBA_SSM_ARGS); }
+// The decode step, two forms with the same bits: one row a segment, an item a (segment, head).
+//
+// Thread (i, q) is thread q * hd + i, so a warp's loads and stores of the state (a value n of the
+// head's channels, [N][hd]) are whole 128-byte lines; it keeps state values n = q * per ..
+// (q + 1) * per of channel i in registers, and the split's shares of y, in different warps, are
+// added through shared memory (split_sum_shared) in the prefill scan's shuffles' order, so the
+// forms and the prefill scan give the same bits.
+//
+// mamba_ssm_step: a block per item, its state loaded before pdl_wait, 4 KiB of shared memory, so
+// it leaves the decode GEMVs' split of L1 and shared memory alone; the GEMV path runs it.
+// 80 registers, three blocks of 256 a multiprocessor.
+extern "C" __global__ void __maxnreg__(80)
+    mamba_ssm_step(const float* __restrict__ zxbcdt, const float* __restrict__ xbc, const int* __restrict__ starts,
+                   int segments, int in_dim, int inner, int conv_dim, int heads, int hd, int n_state, int groups,
+                   int split, const float* __restrict__ dt_bias, const float* __restrict__ a,
+                   const float* __restrict__ d, float* __restrict__ ssm_state, const int* __restrict__ slots,
+                   const int* __restrict__ positions, float dt_min, float* __restrict__ y) {
+    __shared__ float part[1024];
+    pdl_launch_dependents();
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int i = threadIdx.x % hd, q = threadIdx.x / hd;
+    const int per = n_state / split, n0 = q * per;
+    const float ah = a[h], dh = d[h], dtb = dt_bias[h];
+    const int g = h / (heads / groups);
+    float* st = ssm_state + ((size_t)slots[s] * heads + h) * n_state * hd + i;
+    const int row = starts[s];
+    const bool fresh = positions[row] == 0;
+    float v[1][MAMBA_SSM_PER];
+#pragma unroll
+    for (int j = 0; j < MAMBA_SSM_PER; j++)
+        if (j < per) v[0][j] = fresh ? 0.0f : st[(size_t)(n0 + j) * hd];
+    pdl_wait();
+    const float* xr = xbc + (size_t)row * conv_dim;
+    const float dt = ssm_dt(zxbcdt[(size_t)row * in_dim + inner + conv_dim + h], dtb, dt_min);
+    const float *b = xr + inner + (size_t)g * n_state + n0, *c = xr + inner + (size_t)(groups + g) * n_state + n0;
+    const float x[1] = {xr[h * hd + i]};
+    float acc[1];
+    // B and C four at a time where every thread's share starts 16-byte aligned.
+    if (((conv_dim | inner | n_state | per) & 3) == 0)
+        ssm_rows<1, true>(v, per, b, c, dt, expf(dt * ah), x, acc);
+    else
+        ssm_rows<1, false>(v, per, b, c, dt, expf(dt * ah), x, acc);
+    const float out = split_sum_shared(part, acc[0], x[0], dh, i, q, hd, split);
+    if (q == 0) y[(size_t)row * inner + h * hd + i] = out;
+#pragma unroll
+    for (int j = 0; j < MAMBA_SSM_PER; j++)
+        if (j < per) st[(size_t)(n0 + j) * hd] = v[0][j];
+}
 
-// The decode step's form: 80 registers, three blocks of 256 threads a multiprocessor, where the
-// step's path inside mamba_ssm took 125 (two). Bounds of 64 registers (16 bytes spilled) made
-// Nemotron-H-8B's batch-1 request 0.9% slower than without them (session 21, docs/ENGINE.md);
-// the shares summed through shared memory took 88 unbounded (two blocks), 80 at this bound with
-// no spill.
-extern "C" __global__ void __maxnreg__(80) mamba_ssm_step(MAMBA_SSM_PARAMS) {
-    ssm_scan<true>(MAMBA_SSM_ARGS);
+// mamba_ssm_step_staged: persistent. Block b takes items b, b + gridDim.x, ... (item = segment *
+// heads + head; the grid is what fits on the GPU at once, load.rs mamba_step_function), and each
+// item's state and inputs are staged into shared memory by cp.async one item ahead, so the state
+// stream does not stop while an item computes or waits on its slot. Alone on an H100 at batch 32
+// it streams the states at 87% of the device's copy rate where mamba_ssm_step does at 77%
+// (docs/ENGINE.md, session 27); but its 69 KiB of shared memory a block (on the 8B's heads) ask
+// the multiprocessors for another split of L1, which the GEMV path's kernels then ask back,
+// draining the SMs each time: Nemotron-H-8B's batch-1 token took 12% longer with it. The cuBLAS
+// path, whose GEMMs take large shared memory themselves, runs it.
+//
+// A stage (plan.rs mamba_step_stage_floats): the state [N][hd], then x [hd], B [N], C [N], dt,
+// the row's position (an int's bits), A, D and dt_bias of the head, rounded up to whole float4s.
+// Dynamic shared memory: two stages, then blockDim.x floats for the split's shares.
+// Up to 768 threads a block (a head's channels x split), so 80 registers, no spill, and three
+// blocks of 256 a multiprocessor, as shared memory allows on the 8B's heads.
+extern "C" __global__ void __launch_bounds__(768, 1)
+    mamba_ssm_step_staged(const float* __restrict__ zxbcdt, const float* __restrict__ xbc, const int* __restrict__ starts,
+                   int segments, int in_dim, int inner, int conv_dim, int heads, int hd, int n_state, int groups,
+                   int split, const float* __restrict__ dt_bias, const float* __restrict__ a,
+                   const float* __restrict__ d, float* __restrict__ ssm_state, const int* __restrict__ slots,
+                   const int* __restrict__ positions, float dt_min, float* __restrict__ y) {
+    extern __shared__ __align__(16) float sm[];
+    pdl_launch_dependents();
+    const int items = heads * segments;
+    int it = blockIdx.x;
+    if (it >= items) return;
+    const int i = threadIdx.x % hd, q = threadIdx.x / hd;
+    const int per = n_state / split, n0 = q * per;
+    const int hs = n_state * hd, in_floats = hd + 2 * n_state + 5;
+    const int stage_floats = hs + ((in_floats + 3) & ~3);
+    float* part = sm + 2 * stage_floats;
+    // The state is this layer's own (no kernel of the step writes it before this one), so it is
+    // staged before pdl_wait; the inputs are the kernels' before.
+    auto stage_state = [&](int item, int slot, float* buf) {
+        const float* src = ssm_state + ((size_t)slot * heads + item % heads) * hs;
+        for (int e = threadIdx.x * 4; e < hs; e += blockDim.x * 4) cp_async16(buf + e, src + e, true);
+    };
+    auto stage_inputs = [&](int item, int row, float* buf) {
+        const int h = item % heads, g = h / (heads / groups);
+        float* in = buf + hs;
+        const float* xr = xbc + (size_t)row * conv_dim;
+        for (int e = threadIdx.x; e < in_floats; e += blockDim.x) {
+            const float* src;
+            if (e < hd)
+                src = xr + h * hd + e;
+            else if (e < hd + n_state)
+                src = xr + inner + (size_t)g * n_state + (e - hd);
+            else if (e < hd + 2 * n_state)
+                src = xr + inner + (size_t)(groups + g) * n_state + (e - hd - n_state);
+            else if (e == hd + 2 * n_state)
+                src = zxbcdt + (size_t)row * in_dim + inner + conv_dim + h;
+            else if (e == hd + 2 * n_state + 1)
+                src = reinterpret_cast<const float*>(positions + row);
+            else if (e == hd + 2 * n_state + 2)
+                src = a + h;
+            else if (e == hd + 2 * n_state + 3)
+                src = d + h;
+            else
+                src = dt_bias + h;
+            cp_async4(in + e, src);
+        }
+    };
+    // Each item's slot and row are read an item ahead of its staging, which is an item ahead of
+    // its use.
+    int slot_c = slots[it / heads], row_c = starts[it / heads];
+    stage_state(it, slot_c, sm);
+    cp_async_commit();
+    pdl_wait();
+    stage_inputs(it, row_c, sm);
+    cp_async_commit();
+    int nx = it + gridDim.x, slot_n = 0, row_n = 0;
+    if (nx < items) slot_n = slots[nx / heads], row_n = starts[nx / heads];
+    const bool vec = ((hd | n_state | per) & 3) == 0;
+    for (int k = 0; it < items; k++) {
+        float* buf = sm + (size_t)(k & 1) * stage_floats;
+        int slot_nn = 0, row_nn = 0;
+        if (nx < items) {
+            float* nb = sm + (size_t)((k + 1) & 1) * stage_floats;
+            stage_state(nx, slot_n, nb);
+            stage_inputs(nx, row_n, nb);
+            cp_async_commit();
+            const int nn = nx + gridDim.x;
+            if (nn < items) slot_nn = slots[nn / heads], row_nn = starts[nn / heads];
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int h = it % heads;
+        const float *sx = buf + hs, *sb = sx + hd, *sc = sb + n_state;
+        const bool fresh = reinterpret_cast<const int*>(sc)[n_state + 1] == 0;
+        const float ah = sc[n_state + 2], dh = sc[n_state + 3], dtb = sc[n_state + 4];
+        float v[1][MAMBA_SSM_PER];
+#pragma unroll
+        for (int j = 0; j < MAMBA_SSM_PER; j++)
+            if (j < per) v[0][j] = fresh ? 0.0f : buf[(n0 + j) * hd + i];
+        const float dt = ssm_dt(sc[n_state], dtb, dt_min);
+        const float x[1] = {sx[i]};
+        float acc[1];
+        if (vec)
+            ssm_rows<1, true>(v, per, sb + n0, sc + n0, dt, expf(dt * ah), x, acc);
+        else
+            ssm_rows<1, false>(v, per, sb + n0, sc + n0, dt, expf(dt * ah), x, acc);
+        // Its barriers also end every thread's reads of `buf` before the next item refills it.
+        const float out = split_sum_shared(part, acc[0], x[0], dh, i, q, hd, split);
+        if (q == 0) y[(size_t)row_c * inner + h * hd + i] = out;
+        float* st = ssm_state + ((size_t)slot_c * heads + h) * hs + i;
+#pragma unroll
+        for (int j = 0; j < MAMBA_SSM_PER; j++)
+            if (j < per) st[(size_t)(n0 + j) * hd] = v[0][j];
+        it = nx, slot_c = slot_n, row_c = row_n;
+        nx += gridDim.x, slot_n = slot_nn, row_n = row_nn;
+    }
 }
 
 // y * silu(z) of four channels from j0 of a group's row: one 16-byte load of each where `vec`
@@ -461,3 +585,4 @@ extern "C" __global__ void relu2(const float* x, int n, float* out_f32, bf16* __
         }
     }
 }
+

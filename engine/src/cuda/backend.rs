@@ -271,6 +271,7 @@ impl CudaBackend {
                             slots: pf.slots.ptr,
                             positions: pf.positions.ptr,
                             prefill: true,
+                            staged_step: false,
                             conv_chunks: plan::mamba_conv_chunks(
                                 pass.iter().map(|s| s.len),
                                 plan::MAMBA_CONV_ROWS,

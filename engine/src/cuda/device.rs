@@ -35,7 +35,8 @@ impl DevBuf {
         self.ptr + (index * elem) as u64
     }
 
-    /// Copies host bytes to `offset` (synchronous with respect to the host).
+    /// Copies host bytes to `offset`, complete on the device when it returns, so a kernel
+    /// launched after it on any stream reads them.
     pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<()> {
         if offset + src.len() > self.bytes {
             return Err(Error::Internal {
@@ -48,7 +49,14 @@ impl DevBuf {
         }
         // SAFETY: bounds checked above; src is a live host slice.
         unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, src) }
-            .map_err(driver_err("cuMemcpyHtoD"))
+            .map_err(driver_err("cuMemcpyHtoD"))?;
+        // From pageable memory cuMemcpyHtoD returns once the bytes are staged, before their DMA
+        // on the legacy stream lands, and the engine's streams do not wait on that stream: a
+        // kernel launched at once read 4 MiB of SSM state half old (session 27, H100). Waiting
+        // on the legacy stream ends the DMA.
+        // SAFETY: the null stream is the context's legacy default stream.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(driver_err("cuStreamSynchronize"))
     }
 
     pub fn write<T: Copy>(&self, offset_elems: usize, src: &[T]) -> Result<()> {

@@ -120,10 +120,15 @@ pub(super) struct Funcs {
     pub lm_head_logits: [Vec<CudaFunction>; 2],
     pub score: CudaFunction,
     pub mamba_conv: CudaFunction,
-    /// The prefill scan sequentially, and the decode step's form of it (mamba.cu); the prefill
-    /// scan in chunks on the tensor cores (mamba_ssd.cu), where the heads fit it.
+    /// The prefill scan sequentially and the decode step (mamba.cu); the prefill scan in chunks
+    /// on the tensor cores (mamba_ssd.cu), where the heads fit it.
     pub mamba_ssm: CudaFunction,
+    /// The decode step a block an item (the GEMV path's), and persistent and staged (the cuBLAS
+    /// path's) with the blocks of it resident on the whole GPU at once, its grid (0 for a model
+    /// without Mamba layers).
     pub mamba_ssm_step: CudaFunction,
+    pub mamba_ssm_step_staged: CudaFunction,
+    pub mamba_step_blocks: usize,
     pub mamba_ssd: CudaFunction,
     pub mamba_gated_norm: CudaFunction,
     pub relu2: CudaFunction,
@@ -518,6 +523,32 @@ pub(super) fn staged_function(
     Ok(f)
 }
 
+/// `mamba_ssm_step_staged` for `m`'s heads, its shared memory granted, and its persistent grid:
+/// the blocks resident on `sms` multiprocessors at once.
+pub(super) fn mamba_step_function(
+    module: &Arc<CudaModule>,
+    m: &crate::hybrid::Mamba,
+    sms: usize,
+) -> Result<(CudaFunction, usize)> {
+    let smem = plan::mamba_step_smem_bytes(m);
+    let f = staged_function(module, "mamba_ssm_step_staged", smem)?;
+    let threads = plan::mamba_ssm_threads(m, false);
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+        .map_err(driver_err("occupancy query"))? as usize;
+    if per_sm == 0 {
+        return Err(Error::Load {
+            message: format!(
+                "the CUDA Mamba decode step does not fit a multiprocessor of this GPU at {threads} \
+                 threads and {smem} bytes of shared memory a block (mamba_head_dim = {}, \
+                 ssm_state_size = {}); use --device cpu",
+                m.head_dim, m.d_state
+            ),
+        });
+    }
+    Ok((f, per_sm * sms))
+}
+
 impl Funcs {
     fn load(module: &Arc<CudaModule>, cfg: &ModelConfig, sms: usize) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
@@ -543,6 +574,10 @@ impl Funcs {
             );
             gemv.push(fs);
         }
+        let (mamba_ssm_step_staged, mamba_step_blocks) = match &cfg.hybrid {
+            Some(hy) => mamba_step_function(module, &hy.mamba, sms)?,
+            None => (k("mamba_ssm_step_staged")?, 0),
+        };
         Ok(Self {
             embed: k("embed_gather")?,
             rmsnorm: k("rmsnorm")?,
@@ -566,6 +601,8 @@ impl Funcs {
             mamba_conv: k("mamba_conv")?,
             mamba_ssm: k("mamba_ssm")?,
             mamba_ssm_step: k("mamba_ssm_step")?,
+            mamba_ssm_step_staged,
+            mamba_step_blocks,
             mamba_ssd: staged_function(module, "mamba_ssd", plan::mamba_ssd_smem_bytes())?,
             mamba_gated_norm: k("mamba_gated_norm")?,
             relu2: k("relu2")?,

@@ -128,6 +128,9 @@ struct Segments<'a> {
     dt_min: f32,
     conv_rows: usize,
     tile: usize,
+    /// Decode's step: None for `mamba_ssm_step` (a block an item), else `mamba_ssm_step_staged`
+    /// on this many blocks (0: the backend's grid, every block resident).
+    step_blocks: Option<usize>,
 }
 
 impl<'a> Segments<'a> {
@@ -140,6 +143,7 @@ impl<'a> Segments<'a> {
             dt_min: 0.0,
             conv_rows: 0,
             tile: 0,
+            step_blocks: None,
         }
     }
 }
@@ -169,6 +173,7 @@ fn launch_mixer(
         dt_min,
         conv_rows,
         tile,
+        step_blocks,
     } = *seg;
     let k = |n: &str| kernels::function(module, n).unwrap();
     let m = &mx.m;
@@ -189,23 +194,46 @@ fn launch_mixer(
         zx_d.ptr, starts_d.ptr, i(segs), i(conv_rows), i(in_dim), i(inner), i(conv_dim),
         i(m.conv_kernel), dev[0].ptr, dev[1].ptr, r.conv_state.ptr, slots_d.ptr, pos_d.ptr, r.xbc.ptr)
     .unwrap();
-    // Decode (tile 0) is the step's kernel; prefill the chunked scan where the heads fit it, else
-    // the sequential one staging `tile` rows: as ops.rs launches them.
-    let (ssm, threads, smem) = if tile == 0 {
-        (k("mamba_ssm_step"), plan::mamba_ssm_threads(m, false), 0)
-    } else if plan::mamba_ssd(m) {
-        let smem = plan::mamba_ssd_smem_bytes();
-        let f = super::load::staged_function(module, "mamba_ssd", smem).unwrap();
-        (f, plan::MAMBA_SSD_THREADS, smem)
+    // Decode (tile 0) is the step's kernel, on the backend's grid unless the test names one;
+    // prefill the chunked scan where the heads fit it, else the sequential one staging `tile`
+    // rows: as ops.rs launches them.
+    if tile == 0 {
+        let items = m.num_heads * segs;
+        let threads = plan::mamba_ssm_threads(m, false);
+        let (step, grid, smem) = match step_blocks {
+            None => (k("mamba_ssm_step"), (m.num_heads as u32, segs as u32, 1), 0),
+            Some(blocks) => {
+                let sms = stream
+                    .context()
+                    .attribute(
+                        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    )
+                    .unwrap() as usize;
+                let (f, resident) = super::load::mamba_step_function(module, m, sms).unwrap();
+                let blocks = if blocks == 0 { resident } else { blocks }.min(items);
+                (f, (blocks as u32, 1, 1), plan::mamba_step_smem_bytes(m))
+            }
+        };
+        launch!(&step, stream, false, grid, threads, smem;
+            zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(segs), i(in_dim), i(inner), i(conv_dim), i(m.num_heads),
+            i(m.head_dim), i(m.d_state), i(m.n_groups), i(split), dev[2].ptr, dev[3].ptr, dev[4].ptr,
+            r.ssm_state.ptr, slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
+        .unwrap();
     } else {
-        let smem = plan::mamba_scan_smem_bytes(m, tile);
-        (k("mamba_ssm"), plan::mamba_ssm_threads(m, true), smem)
-    };
-    launch!(&ssm, stream, false, (m.num_heads as u32, segs as u32, 1), threads, smem;
-        zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
-        i(m.d_state), i(m.n_groups), i(split), i(tile), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
-        slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
-    .unwrap();
+        let (ssm, threads, smem) = if plan::mamba_ssd(m) {
+            let smem = plan::mamba_ssd_smem_bytes();
+            let f = super::load::staged_function(module, "mamba_ssd", smem).unwrap();
+            (f, plan::MAMBA_SSD_THREADS, smem)
+        } else {
+            let smem = plan::mamba_scan_smem_bytes(m, tile);
+            (k("mamba_ssm"), plan::mamba_ssm_threads(m, true), smem)
+        };
+        launch!(&ssm, stream, false, (m.num_heads as u32, segs as u32, 1), threads, smem;
+            zx_d.ptr, r.xbc.ptr, starts_d.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads), i(m.head_dim),
+            i(m.d_state), i(m.n_groups), i(split), i(tile), dev[2].ptr, dev[3].ptr, dev[4].ptr, r.ssm_state.ptr,
+            slots_d.ptr, pos_d.ptr, dt_min, r.y.ptr)
+        .unwrap();
+    }
     launch!(&k("mamba_gated_norm"), stream, false, (m.n_groups as u32, rows as u32, 1),
         plan::mamba_norm_threads(m), 0;
         r.y.ptr, zx_d.ptr, i(in_dim), i(inner), i(m.n_groups), dev[5].ptr, m.eps, r.out.ptr, 0u64)
@@ -291,6 +319,7 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             dt_min: 0.001,
             conv_rows: plan::MAMBA_CONV_ROWS,
             tile: plan::mamba_scan_tile(m),
+            step_blocks: None,
         };
         let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         let tol = prefill_tolerance(m);
@@ -318,6 +347,7 @@ fn mamba_kernels_match_the_cpu_reference_in_decode_and_prefill() {
             dt_min: 0.001,
             conv_rows: kk - 1,
             tile: 2,
+            step_blocks: None,
         };
         let got = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         for (row, slot) in [0usize, 0, 0, 0, 2, 2].into_iter().enumerate() {
@@ -378,6 +408,7 @@ fn prefill_and_decode_agree() {
             dt_min: 0.0,
             conv_rows: plan::MAMBA_CONV_ROWS,
             tile: plan::mamba_scan_tile(m),
+            step_blocks: None,
         };
         let prefilled = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
         for t in 0..LONG {
@@ -444,6 +475,7 @@ fn a_prompts_bits_do_not_depend_on_its_pass() {
                 dt_min: 0.001,
                 conv_rows: plan::MAMBA_CONV_ROWS,
                 tile: plan::mamba_scan_tile(m),
+                step_blocks: None,
             };
             launch_mixer(&stream, &module, &mx, &r, zx, &seg)
         };
@@ -501,4 +533,54 @@ fn relu2_squares_the_positive_part() {
     let mut got = [0f32; 6];
     x.read(&mut got, &stream).unwrap();
     assert_eq!(got, [7.0, 0.0, 4.0, 0.0, 0.25, 16.0]);
+}
+
+/// The decode step's two forms (mamba.cu): a block an item (sequence, head), and persistent, a
+/// block taking the items a grid apart, each staged into shared memory an item ahead. Both give
+/// the same outputs and leave the same states, whatever the staged form's grid: five sequences
+/// in scattered slots (one of them fresh), one step by the first form, then by the second on
+/// grids of 1, 2, 3 and 7 blocks and the backend's, bit for bit, on each of [`SHAPES`]. A mix-up
+/// of stages, slots or rows between items would show as other bits on some grid.
+#[test]
+fn the_decode_steps_forms_and_grids_give_the_same_bits() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let (starts, slots, positions) = ([0, 1, 2, 3, 4, 5], [4, 0, 5, 2, 1], [3, 0, 7, 1, 2]);
+    for (heads, hd, n) in SHAPES {
+        let mx = Mixer::shaped(heads, hd, n);
+        let (inner, conv_dim, in_dim, kk) = mx.widths();
+        let r = Run::new(&mx, 6, 5, 0.0);
+        let ssm0 = values(6 * heads * n * hd, 50);
+        let conv0 = values(6 * conv_dim * (kk - 1), 51);
+        let zx = values(5 * in_dim, 52);
+        let mut first: Option<(Vec<f32>, Vec<f32>, Vec<f32>)> = None;
+        for blocks in [None, Some(0), Some(1), Some(2), Some(3), Some(7)] {
+            r.ssm_state.write(0, &ssm0).unwrap();
+            r.conv_state.write(0, &conv0).unwrap();
+            let seg = Segments {
+                step_blocks: blocks,
+                ..Segments::decode(&starts, &slots, &positions)
+            };
+            let out = launch_mixer(&stream, &module, &mx, &r, &zx, &seg);
+            let mut y = vec![0f32; 5 * inner];
+            r.y.read(&mut y, &stream).unwrap();
+            let mut ssm = vec![0f32; ssm0.len()];
+            r.ssm_state.read(&mut ssm, &stream).unwrap();
+            assert!(
+                differing_bits(&ssm, &ssm0) > 0,
+                "{heads}x{hd}x{n}: the step left the states as they were"
+            );
+            match &first {
+                None => first = Some((out, y, ssm)),
+                Some((o, y0, s0)) => {
+                    let what = format!("{heads}x{hd}x{n}, staged on {blocks:?} blocks");
+                    assert_eq!(differing_bits(o, &out), 0, "{what}: gated outputs differ");
+                    assert_eq!(differing_bits(y0, &y), 0, "{what}: y differs");
+                    assert_eq!(differing_bits(s0, &ssm), 0, "{what}: SSM states differ");
+                }
+            }
+        }
+    }
 }

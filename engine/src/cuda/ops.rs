@@ -103,6 +103,9 @@ pub(super) struct Mamba<'a> {
     /// chunks of [`plan::MAMBA_CONV_ROWS`] rows; and the SSM's inputs staged through shared
     /// memory, a tile of rows at a time.
     pub prefill: bool,
+    /// Decode on the persistent staged step (mamba.cu `mamba_ssm_step_staged`: the cuBLAS
+    /// path's) rather than a block an item.
+    pub staged_step: bool,
     /// The conv's block rows: one per segment in decode, [`plan::mamba_conv_chunks`] in prefill.
     pub conv_chunks: usize,
     pub out_f32: u64,
@@ -303,28 +306,50 @@ impl CudaBackend {
             m.slots, m.positions, m.xbc)?;
         self.mark("mamba_conv", 0)?;
         let ssd = m.prefill && plan::mamba_ssd(hy);
-        let (ssm, threads, tile, smem) = if ssd {
-            let smem = plan::mamba_ssd_smem_bytes();
-            (&self.f.mamba_ssd, plan::MAMBA_SSD_THREADS, 0, smem)
+        if !m.prefill {
+            // One row a segment: a block an item (segment, head), or the persistent grid.
+            let threads = plan::mamba_ssm_threads(hy, false);
+            let items = hy.num_heads * m.segments;
+            let (f, grid, smem) = if m.staged_step {
+                let blocks = self.f.mamba_step_blocks.min(items) as u32;
+                (
+                    &self.f.mamba_ssm_step_staged,
+                    (blocks, 1, 1),
+                    plan::mamba_step_smem_bytes(hy),
+                )
+            } else {
+                (
+                    &self.f.mamba_ssm_step,
+                    (hy.num_heads as u32, m.segments as u32, 1),
+                    0,
+                )
+            };
+            launch!(f, &self.stream, self.pdl, grid, threads, smem;
+                m.zxbcdt, m.xbc, m.starts, i(m.segments), i(in_dim), i(inner), i(conv_dim),
+                i(hy.num_heads), i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), w.dt_bias.ptr,
+                w.a.ptr, w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
+            self.mark("mamba_ssm", 0)?;
         } else {
-            let tile = if m.prefill {
-                plan::mamba_scan_tile(hy)
+            let (ssm, threads, tile, smem) = if ssd {
+                let smem = plan::mamba_ssd_smem_bytes();
+                (&self.f.mamba_ssd, plan::MAMBA_SSD_THREADS, 0, smem)
             } else {
-                0
+                let tile = plan::mamba_scan_tile(hy);
+                let smem = plan::mamba_scan_smem_bytes(hy, tile);
+                (
+                    &self.f.mamba_ssm,
+                    plan::mamba_ssm_threads(hy, true),
+                    tile,
+                    smem,
+                )
             };
-            let (f, threads) = if m.prefill {
-                (&self.f.mamba_ssm, plan::mamba_ssm_threads(hy, true))
-            } else {
-                (&self.f.mamba_ssm_step, plan::mamba_ssm_threads(hy, false))
-            };
-            (f, threads, tile, plan::mamba_scan_smem_bytes(hy, tile))
-        };
-        launch!(ssm, &self.stream, self.pdl,
-            (hy.num_heads as u32, m.segments as u32, 1), threads, smem;
-            m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
-            i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,
-            w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
-        self.mark(if ssd { "mamba_ssd" } else { "mamba_ssm" }, 0)?;
+            launch!(ssm, &self.stream, self.pdl,
+                (hy.num_heads as u32, m.segments as u32, 1), threads, smem;
+                m.zxbcdt, m.xbc, m.starts, i(in_dim), i(inner), i(conv_dim), i(hy.num_heads),
+                i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), i(tile), w.dt_bias.ptr, w.a.ptr,
+                w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
+            self.mark(if ssd { "mamba_ssd" } else { "mamba_ssm" }, 0)?;
+        }
         // A block per (group, row) is all the parallelism there is at batch 1 (8 blocks on the
         // 8B).
         launch!(&self.f.mamba_gated_norm, &self.stream, self.pdl,

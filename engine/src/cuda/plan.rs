@@ -188,6 +188,21 @@ pub fn mamba_scan_smem_bytes(m: &crate::hybrid::Mamba, tile: usize) -> u32 {
     (2 * mamba_scan_tile_floats(m, tile) * 4) as u32
 }
 
+/// Floats of one stage of `mamba_ssm_step` (mamba.cu): a head's state [N][hd], then its row's x,
+/// B, C, dt and position and the head's A, D and dt_bias, rounded up to whole float4s.
+pub fn mamba_step_stage_floats(m: &crate::hybrid::Mamba) -> usize {
+    m.d_state * m.head_dim + (m.head_dim + 2 * m.d_state + 5).next_multiple_of(4)
+}
+
+/// Dynamic shared memory of a `mamba_ssm_step` block: two stages (the item it computes and the
+/// next one, staged meanwhile) and a float per thread for the split's shares of y.
+pub fn mamba_step_smem_bytes(m: &crate::hybrid::Mamba) -> u32 {
+    ((2 * mamba_step_stage_floats(m) + mamba_ssm_threads(m, false) as usize) * 4) as u32
+}
+
+/// Most threads of a `mamba_ssm_step` block (its `__launch_bounds__`, mamba.cu: 80 registers).
+pub const MAMBA_STEP_MAX_THREADS: usize = 768;
+
 /// The decode GEMV kernels of gemv.cu, each compiled for 1..=[`MAX_GEMV_BATCH`] activation rows
 /// as `gemv_m{number}_b{batch}` (the number is gemv.cu's `MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,10 +467,10 @@ fn check_mamba(m: &crate::hybrid::Mamba) -> Result<()> {
         ));
     };
     let threads = m.head_dim * split;
-    if threads > 1024 || (split > 1 && threads % 32 != 0) {
+    if threads > MAMBA_STEP_MAX_THREADS || (split > 1 && threads % 32 != 0) {
         return fail(format!(
             "mamba_head_dim = {} with ssm_state_size = {} needs {threads} threads per head in the \
-             CUDA SSM kernel: at most 1,024, in whole warps",
+             CUDA SSM kernels: at most {MAMBA_STEP_MAX_THREADS}, in whole warps",
             m.head_dim, m.d_state
         ));
     }
@@ -1434,6 +1449,23 @@ mod tests {
         // sequentially.
         assert!(mamba_ssd(m));
         assert!(2 * (mamba_ssd_smem_bytes() + 1024) <= 228 << 10);
+        // The decode step stages two heads' states (32 KiB each) and their inputs; three blocks
+        // fit a multiprocessor, as its 80 registers allow.
+        assert_eq!(mamba_step_stage_floats(m), 128 * 64 + 328);
+        assert_eq!(mamba_step_smem_bytes(m), (2 * (128 * 64 + 328) + 256) * 4);
+        assert!(3 * (mamba_step_smem_bytes(m) as usize + 1024) <= 228 << 10);
+        // At most 768 threads of at most 32 state values: two stages stay under the 227 KiB
+        // a block may ask for whatever the heads.
+        let mut widest = m.clone();
+        widest.head_dim = 192;
+        check_mamba(&widest).unwrap();
+        assert!(mamba_step_smem_bytes(&widest) as usize <= 227 << 10);
+        widest.head_dim = 256;
+        let err = check_mamba(&widest).unwrap_err().to_string();
+        assert!(
+            err.contains("1024 threads") && err.contains("at most 768"),
+            "{err}"
+        );
         let mut wide = m.clone();
         wide.head_dim = 80;
         assert!(!mamba_ssd(&wide));

@@ -92,13 +92,14 @@ impl CudaBackend {
     }
 
     /// The Mamba-2 mixer's core for `batch` rows, one step each, its output into `out_f32` or
-    /// `out_bf16`.
+    /// `out_bf16`; `staged_step` on the cuBLAS path (mamba.cu `mamba_ssm_step_staged`).
     fn decode_mamba(
         &self,
         m: &crate::cuda::load::MambaWeights,
         batch: usize,
         out_f32: u64,
         out_bf16: u64,
+        staged_step: bool,
     ) -> Result<()> {
         let d = &self.dec;
         self.mamba(&Mamba {
@@ -112,6 +113,7 @@ impl CudaBackend {
             slots: d.slots.ptr,
             positions: d.positions.ptr,
             prefill: false,
+            staged_step,
             conv_chunks: batch,
             out_f32,
             out_bf16,
@@ -130,7 +132,7 @@ impl CudaBackend {
                 Mixer::Attention(a) => self.decode_attention(a, batch, d.attn.ptr, 0)?,
                 // The activation is applied by the up GEMV: SwiGLU or relu2.
                 Mixer::Mlp(_) => {}
-                Mixer::Mamba(m) => self.decode_mamba(m, batch, d.gated.ptr, 0)?,
+                Mixer::Mamba(m) => self.decode_mamba(m, batch, d.gated.ptr, 0, false)?,
             }
             self.gemv(&output, batch, 0)?;
         }
@@ -169,7 +171,7 @@ impl CudaBackend {
                         rows,
                         false,
                     )?;
-                    self.decode_mamba(m, batch, 0, d.gated_bf16.ptr)?;
+                    self.decode_mamba(m, batch, 0, d.gated_bf16.ptr, true)?;
                     ("gemm_out_proj", &m.out_proj, d.gated_bf16.ptr)
                 }
             };
