@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from oracle import kernel_pins
 from oracle.backends import LoadError, load_backend
 from oracle.protocol import GenerateRequest, ProtocolError
 from oracle.serve import Leg
@@ -91,13 +90,8 @@ def capture(args) -> int:
             log(f"FAIL {e.code}: {e.message}")
             return 2
         log(f"generated in {time.perf_counter() - t:.2f} s")
-        pins_path = getattr(backend, "triton_pins", None)
-        pinned, tuned = kernel_pins.read_log(backend.triton_log) if pins_path else ({}, {})
     finally:
         backend.close()
-    if pins_path:
-        log(f"Triton autotuning: {len(pinned)} kernel(s) pinned by {pins_path}, {len(tuned)} tuned afresh"
-            + (f" ({', '.join(sorted(kernel_pins.kernel_of(e) for e in tuned))})" if tuned else ""))
 
     by_index = {r.index: r for r in results}
     outputs = []
@@ -145,22 +139,9 @@ def capture(args) -> int:
         log(f"{same}/{len(outputs)} prompts match {golden_path}" +
             (f"; resolved config differs in {diff_keys}" if diff_keys else "; resolved config identical"))
         print(json.dumps({"golden": str(golden_path), "matched": same, "prompts": len(outputs),
-                          "resolved_diff": diff_keys, "min_margin": min_margin,
-                          **({"triton_pinned": sorted(map(kernel_pins.kernel_of, pinned)),
-                              "triton_tuned": sorted(map(kernel_pins.kernel_of, tuned))} if pins_path else {})}))
+                          "resolved_diff": diff_keys, "min_margin": min_margin}))
         return 0 if same == len(outputs) and len(old_tokens) == len(outputs) else 1
 
-    if pins_path and tuned:
-        # The golden's kernels, pinned for every later process of the unit: what this one tuned
-        # joins what the file held (never replacing a pin: a pinned kernel is not tuned again).
-        try:
-            entries = kernel_pins.load_pins(pins_path) if Path(pins_path).exists() else {}
-        except kernel_pins.PinsError as e:
-            log(f"FAIL {e}")
-            return 2
-        entries.update({k: v for k, v in tuned.items() if k not in entries})
-        write_atomic(Path(pins_path), kernel_pins.pins_document(entries, ready["versions"]))
-        log(f"wrote {pins_path}: {len(entries)} Triton autotuning result(s)")
     write_atomic(golden_path, format_golden(doc))
     log(f"wrote {golden_path}")
     print(str(golden_path))

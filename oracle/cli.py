@@ -8,8 +8,7 @@ import os
 from oracle.backends import BACKENDS, DTYPES
 
 # vLLM options: flag -> (type, help). Each is passed to vllm.LLM under its snake_case name
-# and echoed in `resolved` (but triton-pins, which the oracle applies itself); unit.toml's
-# [oracle.options] uses the same snake_case keys.
+# and echoed in `resolved`; unit.toml's [oracle.options] uses the same snake_case keys.
 VLLM_OPTIONS = {
     "gpu-memory-utilization": (float, "fraction of GPU memory vLLM may use (vLLM default 0.92)"),
     "max-model-len": (int, "context length (default: the model's)"),
@@ -20,9 +19,6 @@ VLLM_OPTIONS = {
     "kv-cache-memory-bytes": (int, "KV pool size in bytes (overrides gpu_memory_utilization)"),
     "attention-backend": (str, "e.g. FLASH_ATTN, TRITON_ATTN, FLASHINFER (default: vLLM's choice)"),
     "seed": (int, "vLLM seed (default 0)"),
-    # The oracle's own, not vLLM's (oracle/kernel_pins.py).
-    "triton-pins": (str, "JSON file of Triton autotuning results that fixes vLLM's Triton kernel "
-                         "configurations across processes (capture writes it, serve applies it)"),
 }
 OPTION_KEYS = ["enforce_eager", "enable_prefix_caching"] + [k.replace("-", "_") for k in VLLM_OPTIONS]
 

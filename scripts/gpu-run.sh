@@ -12,8 +12,7 @@
 #               goldens/<u>/checkpoint.sha256, or that file is written (commit it).
 #   golden      every [[golden]] file of the unit that is missing:
 #               python3 -m oracle capture --unit goldens/<u>/unit.toml (vLLM, bf16, the unit's
-#               [oracle] configuration, recorded in the golden's capture block), and the Triton
-#               pins its [oracle.options] triton_pins names where capture writes them (commit both).
+#               [oracle] configuration, recorded in the golden's capture block).
 #   run         orchestrator run goldens/<u>/unit.toml (the record goes to reports/records/<u>/).
 # then, once:
 #   report      orchestrator report (reports/BENCHMARKS.md).
@@ -221,18 +220,14 @@ step_golden() {
     if [ ${#missing[@]} -eq 0 ]; then note "$u" "golden: present"; return 0; fi
     # capture writes the [[golden]] entry matching the oracle's device and dtype.
     log "$u golden: capturing ${missing[*]} with the unit's oracle (log $lg)"
-    touch "$out/$u.capture.start"
     if ! "$py" -m oracle capture --unit "goldens/$u/unit.toml" >"$lg" 2>&1; then
         log "$u golden: FAILED (tail of $lg):"; tail -n 8 "$lg"; note "$u" "golden FAILED"; return 1
     fi
     for f in "${missing[@]}"; do
         [ -f "goldens/$u/$f" ] || { log "$u golden: FAILED: capture did not write $f"; note "$u" "golden FAILED"; return 1; }
     done
-    grep -E 'min top-2 margin|wrote|Triton autotuning' "$lg"
+    grep -E 'min top-2 margin|wrote' "$lg"
     for f in "${missing[@]}"; do collect "goldens/$u/$f"; done
-    # The unit's Triton pins (triton_pins in [oracle.options]), written beside the golden.
-    while IFS= read -r f; do collect "$f"; done < <(find "goldens/$u" -maxdepth 1 -name 'golden*.triton-pins.json' \
-        -newer "$out/$u.capture.start")
     note "$u" "golden: captured (commit it)"
 }
 

@@ -24,12 +24,10 @@ import enum
 import importlib.util
 import os
 import signal
-import tempfile
 import time
 from collections import deque
 from typing import Any
 
-from oracle import kernel_pins
 from oracle.backends import Backend, LoadError, ModelInfo, OnResult, OnVerified, SeqResult, VerifyResult, descendants
 from oracle.backends.vllm_logprobs import top2_gap, verified_from_prompt_logprobs
 from oracle.protocol import TOO_LONG, GenerateRequest, Limits, ProtocolError, VerifyRequest
@@ -134,16 +132,6 @@ class VllmBackend(Backend):
             # flashinfer is not installed (not in the GPU-box pack): use vLLM's PyTorch sampler.
             os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         self.env = {k: os.environ.get(k) for k in _ENV_RECORDED}
-        # The unit's Triton pins (oracle/kernel_pins.py): installed before vLLM imports Triton.
-        self.triton_pins = self.options.pop("triton_pins", None)
-        self.triton_log = None
-        if self.triton_pins is not None:
-            fd, self.triton_log = tempfile.mkstemp(prefix="oracle-triton-", suffix=".jsonl")
-            os.close(fd)
-            try:
-                kernel_pins.install(self.triton_pins, self.triton_log)
-            except kernel_pins.PinsError as e:
-                raise LoadError(str(e)) from e
 
         try:
             import torch
@@ -328,8 +316,6 @@ class VllmBackend(Backend):
                 "cudagraph_capture_sizes": self.compile["cudagraph_capture_sizes"],
                 "engine": self.engine_mode,
                 "degraded": list(self.degraded),
-                **({"triton_autotune": kernel_pins.summary(self.triton_pins, self.triton_log)}
-                   if self.triton_log else {}),
             },
             "versions": v,
             "resolved": self.resolved,
@@ -432,14 +418,6 @@ class VllmBackend(Backend):
 
     def close(self) -> None:
         """Shut the engine down and make sure no child process is left behind."""
-        self._close_engine()
-        if getattr(self, "triton_log", None):
-            try:
-                os.unlink(self.triton_log)
-            except OSError:
-                pass
-
-    def _close_engine(self) -> None:
         core = getattr(getattr(self, "llm", None), "llm_engine", None)
         core = getattr(core, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
