@@ -67,7 +67,7 @@ impl fmt::Display for TokenReason {
                 match widest_tie(mismatches) {
                     Some(widest) => write!(
                         f,
-                        " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (kernels chosen by timing in each process, as vLLM's Triton autotuning does on Mamba layers: docs/ORACLE.md), and so does a bug that moves the logits a little; capture the golden again and rerun on one machine, and bisect from the first position named if it still differs.",
+                        " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (code compiled and tuned afresh in each process: vLLM's torch.compile output does it on Nemotron-H, docs/ORACLE.md), and so does a bug that moves the logits a little; to tell them apart, rerun with the capture's compile cache (vLLM: its VLLM_CACHE_ROOT), under which a correct implementation reproduces its golden, and bisect from the first position named if it still differs.",
                         fmt_num(widest)
                     ),
                     None => write!(
@@ -222,6 +222,11 @@ mod tests {
             mismatch("p3", 105096, 105096, 0.0),
         ]);
         assert!(ties.contains("each first difference named is the golden's runner-up, at golden margins of at most 0.06250"), "{ties}");
+        // And how to tell a correct implementation's reordered sums from a bug (session 28).
+        assert!(
+            ties.contains("rerun with the capture's compile cache"),
+            "{ties}"
+        );
         assert!(
             !ties.contains("any difference is a correctness bug"),
             "{ties}"
