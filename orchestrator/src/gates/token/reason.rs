@@ -67,7 +67,7 @@ impl fmt::Display for TokenReason {
                 match widest_tie(mismatches) {
                     Some(widest) => write!(
                         f,
-                        " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (code compiled and tuned afresh in each process: vLLM's torch.compile output does it on Nemotron-H, docs/ORACLE.md), and so does a bug that moves the logits a little; to tell them apart, rerun with the capture's compile cache (vLLM: its VLLM_CACHE_ROOT), under which a correct implementation reproduces its golden, and bisect from the first position named if it still differs.",
+                        " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (code compiled and tuned afresh in each process: vLLM's torch.compile output does it on Nemotron-H, docs/ORACLE.md), and so does a bug that moves the logits a little; to tell them apart, capture the golden again and rerun with the capture's compile cache (vLLM: the VLLM_CACHE_ROOT it wrote), under which a correct implementation reproduces its golden, and bisect from the first position named if it still differs.",
                         fmt_num(widest)
                     ),
                     None => write!(
