@@ -339,6 +339,7 @@ pub(crate) fn reference_features(weights_dtype: &str) -> serde_json::Value {
         "cuda_graphs": false,
         "threads": rayon::current_num_threads(),
         "kernels": ["rust-f32-reference"],
+        "load_cache": crate::protocol::load_cache(&[]),
         "degraded": [],
     })
 }

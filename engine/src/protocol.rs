@@ -101,6 +101,44 @@ pub struct Kv {
     pub state_bytes: Option<usize>,
 }
 
+/// `ready.features.load_cache` (docs/PROTOCOL.md): whether the work a load compiles or times
+/// came from a cache left by an earlier process, so that a load time is read beside a peer's
+/// that did the same work. `parts` are (that work, whether it came from the cache); none: the
+/// load compiles and times nothing.
+pub fn load_cache(parts: &[(&str, bool)]) -> serde_json::Value {
+    let names = |cached: bool| -> Vec<&str> {
+        parts
+            .iter()
+            .filter(|p| p.1 == cached)
+            .map(|p| p.0)
+            .collect()
+    };
+    let (cached, fresh) = (names(true), names(false));
+    let (state, detail) = match (cached.is_empty(), fresh.is_empty()) {
+        (true, true) => ("none", "nothing compiled or timed at load".to_string()),
+        (false, true) => ("warm", format!("{} from the cache", and_list(&cached))),
+        (true, false) => ("cold", format!("{} done afresh", and_list(&fresh))),
+        (false, false) => (
+            "partial",
+            format!(
+                "{} from the cache; {} done afresh",
+                and_list(&cached),
+                and_list(&fresh)
+            ),
+        ),
+    };
+    serde_json::json!({"state": state, "detail": detail})
+}
+
+/// "a", "a and b", "a, b and c".
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
@@ -170,6 +208,27 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_load_is_warm_only_when_all_its_work_came_from_the_cache() {
+        let state = |parts: &[(&str, bool)]| load_cache(parts)["state"].clone();
+        assert_eq!(state(&[]), "none");
+        assert_eq!(state(&[("kernels", true), ("tuning", true)]), "warm");
+        assert_eq!(state(&[("kernels", false), ("tuning", false)]), "cold");
+        assert_eq!(state(&[("kernels", true), ("tuning", false)]), "partial");
+        assert_eq!(
+            load_cache(&[
+                ("kernels", true),
+                ("GEMV tuning", false),
+                ("step paths", false)
+            ])["detail"],
+            "kernels from the cache; GEMV tuning and step paths done afresh"
+        );
+        assert_eq!(
+            load_cache(&[("a", true), ("b", true), ("c", true)])["detail"],
+            "a, b and c from the cache"
+        );
+    }
 
     fn err(line: &str) -> (Option<String>, String, &'static str) {
         let (id, e) = parse_request(line).unwrap_err();

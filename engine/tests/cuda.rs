@@ -86,6 +86,12 @@ fn cuda_leg_is_clean_and_the_batches_of_one_path_agree() {
                 assert_eq!(f["cuda_graphs"], true);
             } else {
                 assert_eq!(f["cuda_graphs"], false);
+                // The first leg left its kernels (and tunings) in the caches.
+                let cache = &f["load_cache"];
+                assert!(
+                    cache["state"] == "warm" || cache["state"] == "partial",
+                    "{unit}: {cache}"
+                );
             }
             let paths = &f["step_paths"];
             assert_eq!(

@@ -29,6 +29,8 @@ fn ready_describes_the_leg() {
     assert_eq!(r["kv"]["bytes"], 3 * 2 * 2 * 16 * 4 * 320);
     assert_eq!(r["features"]["backend"], "cpu");
     assert_eq!(r["features"]["degraded"], json!([]));
+    // The CPU reference compiles and times nothing, so no load of it is warmer than another.
+    assert_eq!(r["features"]["load_cache"]["state"], "none");
     assert_eq!(r["resolved"]["architecture"], "LlamaForCausalLM");
     assert_eq!(r["resolved"]["max_batch"], 3);
     assert!(r["versions"]["engine"].is_string());

@@ -101,6 +101,7 @@ class TransformersBackend(Backend):
                 # machine-dependent, so here and not in `resolved` (which a golden is compared on)
                 "torch_threads": torch.get_num_threads(),
                 "kv": NO_KV,
+                "load_cache": {"state": "none", "detail": "eager PyTorch: nothing compiled or timed at load"},
                 "degraded": [],
             },
             "versions": versions.collect(torch, str(self.device)),

@@ -85,7 +85,45 @@ def _probe_worker(worker) -> dict:
         out["kv_bytes"] = total or None
     except Exception as e:  # noqa: BLE001
         out["errors"].append(f"kv_caches: {type(e).__name__}: {e}")
+    try:
+        # Per process, so read where the model was compiled (the engine core's process).
+        from vllm.compilation.counter import compilation_counter
+
+        out["compile_counts"] = {k: getattr(compilation_counter, k) for k in _COMPILED + _LOADED}
+    except Exception as e:  # noqa: BLE001
+        out["errors"].append(f"compilation counter: {type(e).__name__}: {e}")
+    comp = getattr(getattr(worker, "vllm_config", None), "compilation_config", None)
+    out["compile_cache_dir"] = getattr(comp, "local_cache_dir", None) or getattr(comp, "cache_dir", None)
     return out
+
+
+# vLLM's compilation counters (vllm/compilation/counter.py) of graphs its torch.compile compiled
+# in this process, and of graphs it loaded from its compile cache (VLLM_CACHE_ROOT) instead.
+_COMPILED = ("num_inductor_compiles", "num_aot_compiles")
+_LOADED = ("num_compiled_artifacts_loaded", "num_aot_artifacts_loaded")
+
+
+def load_cache_of(counts: dict | None, compile_mode: str | None, cache_dir: str | None) -> dict | None:
+    """`features.load_cache` (docs/PROTOCOL.md): whether vLLM's torch.compile output came from a
+    cache an earlier process left (a warm load runs no compile, and the kernels the cache holds,
+    docs/ORACLE.md) or was compiled afresh. None where the counters could not be read."""
+    if compile_mode == "NONE":
+        return {"state": "none", "detail": "compilation mode NONE: vLLM compiles nothing"}
+    if counts is None:
+        return None
+    compiled = sum(int(counts.get(k) or 0) for k in _COMPILED)
+    loaded = sum(int(counts.get(k) or 0) for k in _LOADED)
+    where = f" ({cache_dir})" if cache_dir else ""
+    if compiled and loaded:
+        return {"state": "partial", "detail": f"torch.compile: {loaded} graph(s) loaded from the compile cache"
+                                              f"{where}, {compiled} compiled afresh"}
+    if loaded:
+        return {"state": "warm", "detail": f"torch.compile: {loaded} graph(s) loaded from the compile cache{where}, "
+                                           "none compiled"}
+    if compiled:
+        return {"state": "cold", "detail": f"torch.compile: {compiled} graph(s) compiled afresh, none loaded from "
+                                           f"the compile cache{where}"}
+    return {"state": "none", "detail": "torch.compile compiled and loaded no graph"}
 
 
 # Which GPU the orchestrator's lease holds (docs/PROTOCOL.md, the leg's environment).
@@ -207,6 +245,8 @@ class VllmBackend(Backend):
             self.degraded.append(f"introspection: collective_rpc probe failed ({type(e).__name__}: {e})")
         self.attention = probe.get("attention") or []
         self.gpu_name = probe.get("gpu")
+        self.compile_counts = probe.get("compile_counts")
+        self.compile_cache_dir = probe.get("compile_cache_dir")
         if not self.attention:
             self.degraded.append("introspection: attention backend unknown")
 
@@ -302,21 +342,25 @@ class VllmBackend(Backend):
             v["driver"] = drv
         if self.gpu_name:
             v["gpu"] = self.gpu_name
+        features = {
+            "backend": "vllm",
+            "dtype": self.resolved["dtype"],
+            "device": "cuda",
+            "cuda_graphs": self.cuda_graphs,
+            "kernels": [f"attention:{a}" for a in self.attention],
+            "attention_backend": self.resolved["attention_backend"],
+            "compile_mode": self.compile["mode"],
+            "cudagraph_mode": self.compile["cudagraph_mode"],
+            "cudagraph_capture_sizes": self.compile["cudagraph_capture_sizes"],
+            "engine": self.engine_mode,
+            "degraded": list(self.degraded),
+        }
+        load_cache = load_cache_of(self.compile_counts, self.compile["mode"], self.compile_cache_dir)
+        if load_cache is not None:  # else degraded says why
+            features["load_cache"] = load_cache
         return {
             "kv": self.kv,
-            "features": {
-                "backend": "vllm",
-                "dtype": self.resolved["dtype"],
-                "device": "cuda",
-                "cuda_graphs": self.cuda_graphs,
-                "kernels": [f"attention:{a}" for a in self.attention],
-                "attention_backend": self.resolved["attention_backend"],
-                "compile_mode": self.compile["mode"],
-                "cudagraph_mode": self.compile["cudagraph_mode"],
-                "cudagraph_capture_sizes": self.compile["cudagraph_capture_sizes"],
-                "engine": self.engine_mode,
-                "degraded": list(self.degraded),
-            },
+            "features": features,
             "versions": v,
             "resolved": self.resolved,
             "pids": descendants(),  # the engine core (multi-process mode) and compile workers

@@ -25,6 +25,7 @@ def check_ready(ready, leg):
     f = ready["features"]
     assert f["backend"] == "transformers" and f["dtype"] == "float32" and f["device"] == "cpu"
     assert f["degraded"] == [] and f["cuda_graphs"] is False
+    assert f["load_cache"]["state"] == "none", f["load_cache"]  # eager: its load is the same each time
     assert {"python", "torch", "transformers"} <= set(ready["versions"])
     assert ready["resolved"]["dtype"] == "float32"
 

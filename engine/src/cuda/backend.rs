@@ -434,6 +434,7 @@ impl Backend for CudaBackend {
             "max_batch": self.max_batch,
             "prefill_gemm": "cublasLt bf16 -> f32, an algorithm pinned per shape and class of prompt length, run through its fastest twin of the same bits (gemm_tuning)",
             "gemm_tuning": self.gemms,
+            "load_cache": self.load_cache(),
             "degraded": self.degraded,
         });
         if let Some(h) = &self.cfg.hybrid {
@@ -443,6 +444,22 @@ impl Backend for CudaBackend {
             );
         }
         f
+    }
+}
+
+impl CudaBackend {
+    /// What this load compiled or timed, and whether each came from the caches (kernels.rs,
+    /// tune.rs, gemm.rs, paths.rs); the step paths only where there was a choice to time.
+    fn load_cache(&self) -> serde_json::Value {
+        let mut parts = vec![
+            ("kernels", self.kernels.from_cache),
+            ("GEMV tuning", self.tuning.from_cache),
+            ("GEMM tuning", self.gemms.from_cache),
+        ];
+        if self.paths.timing.is_some() {
+            parts.push(("step paths", self.paths.from_cache));
+        }
+        crate::protocol::load_cache(&parts)
     }
 }
 

@@ -120,12 +120,57 @@ impl Ready {
             Some(v) => vec![v.to_string()],
         }
     }
+    /// `features.load_cache`: None where the leg does not say.
+    pub fn load_cache(&self) -> Option<LoadCache> {
+        let v = self.features.get("load_cache")?;
+        let detail = v.get("detail").and_then(Value::as_str).unwrap_or("");
+        Some(match v.get("state").and_then(Value::as_str) {
+            Some("none") => LoadCache::None,
+            Some("cold") => LoadCache::Cold(detail.into()),
+            Some("warm") => LoadCache::Warm(detail.into()),
+            Some("partial") => LoadCache::Partial(detail.into()),
+            _ => LoadCache::Unknown(v.to_string()),
+        })
+    }
     /// Why a leg has no pool (`features.kv`), for a `kv: null` leg.
     pub fn no_kv_reason(&self) -> String {
         match self.features.get("kv") {
             Some(Value::String(s)) => s.clone(),
             Some(v) => v.to_string(),
             None => "the leg reported kv: null and gave no reason in features.kv".into(),
+        }
+    }
+}
+
+/// Whether the work a leg's load compiles or times (kernels, tunings, a torch.compile) came from
+/// a cache an earlier process left (`ready.features.load_cache`, docs/PROTOCOL.md), with the
+/// leg's own words for what it did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadCache {
+    /// Nothing to compile or time: every load does the same work.
+    None,
+    Cold(String),
+    Warm(String),
+    Partial(String),
+    /// A state docs/PROTOCOL.md does not define: the object as the leg wrote it.
+    Unknown(String),
+}
+
+impl LoadCache {
+    /// Some of the load's work was skipped because a cache had it.
+    pub fn from_cache(&self) -> bool {
+        matches!(self, LoadCache::Warm(_) | LoadCache::Partial(_))
+    }
+}
+
+impl std::fmt::Display for LoadCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadCache::None => write!(f, "nothing compiled or timed"),
+            LoadCache::Cold(d) => write!(f, "cold ({d})"),
+            LoadCache::Warm(d) => write!(f, "warm ({d})"),
+            LoadCache::Partial(d) => write!(f, "partly warm ({d})"),
+            LoadCache::Unknown(v) => write!(f, "a load_cache the protocol does not define: {v}"),
         }
     }
 }
