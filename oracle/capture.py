@@ -138,8 +138,11 @@ def capture(args) -> int:
                            if old.get("capture", {}).get("resolved", {}).get(k) != ready["resolved"].get(k))
         log(f"{same}/{len(outputs)} prompts match {golden_path}" +
             (f"; resolved config differs in {diff_keys}" if diff_keys else "; resolved config identical"))
+        # Whether this process compiled afresh or loaded an earlier one's compile: what decides
+        # whether a near-tie can land the other way (docs/ORACLE.md).
         print(json.dumps({"golden": str(golden_path), "matched": same, "prompts": len(outputs),
-                          "resolved_diff": diff_keys, "min_margin": min_margin}))
+                          "resolved_diff": diff_keys, "min_margin": min_margin,
+                          "load_cache": ready["features"].get("load_cache")}))
         return 0 if same == len(outputs) and len(old_tokens) == len(outputs) else 1
 
     write_atomic(golden_path, format_golden(doc))

@@ -45,6 +45,7 @@ def test_capture_check_mode_detects_a_changed_golden(tmp_path, capsys):
     assert rc == 1
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["matched"] == len(g["outputs"]) - 1
+    assert summary["load_cache"]["state"] == "none"  # transformers: nothing compiled at load
     assert json.loads(bad.read_text()) == g, "--check must not write"
 
 
