@@ -167,14 +167,6 @@ __device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const fl
         gemv_argmax<B, LOGITS>(W, x, y, rows, cols, ldx, ldy, ksplit, parts);                      \
     }
 #define GEMV_ARGMAX_KERNEL(B) GEMV_ARGMAX_KERNEL_AS(B, gemv_m5, false) GEMV_ARGMAX_KERNEL_AS(B, gemv_m5_logits, true)
-GEMV_ARGMAX_KERNEL(1)
-GEMV_ARGMAX_KERNEL(2)
-GEMV_ARGMAX_KERNEL(3)
-GEMV_ARGMAX_KERNEL(4)
-GEMV_ARGMAX_KERNEL(5)
-GEMV_ARGMAX_KERNEL(6)
-GEMV_ARGMAX_KERNEL(7)
-GEMV_ARGMAX_KERNEL(8)
 
 // inv_s[b] = 1 / rms(x[b]) for the block's B activation rows, every thread of the block taking
 // part (each block computes it: cheaper than a kernel of its own); ends with a barrier. The rest
@@ -385,14 +377,6 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
 // Mode 6: gate/up (4) with VK = 2.
 #define GEMV_STREAM_MODES(B, G) GEMV_STREAM_KERNEL(B, 1, G) GEMV_STREAM_KERNEL(B, 3, G) \
     GEMV_STREAM_KERNEL(B, 4, G) GEMV_STREAM_KERNEL_AS(B, 6, 4, G, 2) GEMV_STREAM_KERNEL(B, 10, G)
-GEMV_STREAM_MODES(1, 4)
-GEMV_STREAM_MODES(2, 2)
-GEMV_STREAM_MODES(3, 2)
-GEMV_STREAM_MODES(4, 2)
-GEMV_STREAM_MODES(5, 2)
-GEMV_STREAM_MODES(6, 2)
-GEMV_STREAM_MODES(7, 2)
-GEMV_STREAM_MODES(8, 2)
 
 // MODE 7: y += W x on the tensor cores, for 1-8 activation rows: mma.sync m16n8k16 with the
 // weights as A (a warp's tile: 16 output rows over its slice of K) and the activations as B
@@ -411,28 +395,6 @@ GEMV_STREAM_MODES(8, 2)
 // so the engine times both kernels per shape at load and keeps the faster over batch 1 and batch
 // 8 (cuda/tune.rs). Needs rows % 16 == 0 and cols % (32 U ksplit) == 0 (plan.rs mma_ksplit); U is
 // GEMV_MMA_U (plan.rs MMA_U).
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// lo into the low half, hi into the high, each rounded to nearest even: one instruction.
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// hi = bf16(a), bf16(b) packed; lo = the same of what rounding left (a - hi is exact in f32).
-__device__ __forceinline__ void split_bf16(float a, float b, unsigned& hi, unsigned& lo) {
-    hi = pack_bf16(a, b);
-    lo = pack_bf16(a - bf_lo(hi), b - bf_hi(hi));
-}
 
 // The modes of gemv_stream and gemv_argmax: 1, 3, 4 and 10 (the RMSNorm folded in as
 // gemv_stream does, its scale applied to the activations before they are split), and 5, the
@@ -635,11 +597,52 @@ __device__ __forceinline__ void gemv_mma(const bf16* __restrict__ W, const float
 #define GEMV_MMA_KERNELS(B) GEMV_MMA_KERNEL_AS(B, 7, 1, false) GEMV_MMA_KERNEL_AS(B, 8, 3, false) \
     GEMV_MMA_KERNEL_AS(B, 9, 4, false) GEMV_MMA_KERNEL_AS(B, 11, 10, false)                         \
     GEMV_MMA_KERNEL_AS(B, 12, 5, false) GEMV_MMA_KERNEL_AS(B, 12_logits, 5, true)
+
+// The kernels of each batch size B. A compile unit emits those of GEMV_B_FIRST to GEMV_B_LAST
+// (every B by default): kernels.rs compiles the batch sizes as units of their own, at once,
+// since this file is most of the kernels' compile time.
+#ifndef GEMV_B_FIRST
+#define GEMV_B_FIRST 1
+#define GEMV_B_LAST 8
+#endif
+#define GEMV_EMITS(B) (GEMV_B_FIRST <= (B) && (B) <= GEMV_B_LAST)
+#if GEMV_EMITS(1)
+GEMV_ARGMAX_KERNEL(1)
+GEMV_STREAM_MODES(1, 4)
 GEMV_MMA_KERNELS(1)
+#endif
+#if GEMV_EMITS(2)
+GEMV_ARGMAX_KERNEL(2)
+GEMV_STREAM_MODES(2, 2)
 GEMV_MMA_KERNELS(2)
+#endif
+#if GEMV_EMITS(3)
+GEMV_ARGMAX_KERNEL(3)
+GEMV_STREAM_MODES(3, 2)
 GEMV_MMA_KERNELS(3)
+#endif
+#if GEMV_EMITS(4)
+GEMV_ARGMAX_KERNEL(4)
+GEMV_STREAM_MODES(4, 2)
 GEMV_MMA_KERNELS(4)
+#endif
+#if GEMV_EMITS(5)
+GEMV_ARGMAX_KERNEL(5)
+GEMV_STREAM_MODES(5, 2)
 GEMV_MMA_KERNELS(5)
+#endif
+#if GEMV_EMITS(6)
+GEMV_ARGMAX_KERNEL(6)
+GEMV_STREAM_MODES(6, 2)
 GEMV_MMA_KERNELS(6)
+#endif
+#if GEMV_EMITS(7)
+GEMV_ARGMAX_KERNEL(7)
+GEMV_STREAM_MODES(7, 2)
 GEMV_MMA_KERNELS(7)
+#endif
+#if GEMV_EMITS(8)
+GEMV_ARGMAX_KERNEL(8)
+GEMV_STREAM_MODES(8, 2)
 GEMV_MMA_KERNELS(8)
+#endif

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaGraph, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
 
 use super::device::{driver_err, DevBuf};
 use super::gemm::Rows;
@@ -81,7 +81,7 @@ pub struct CudaBackend {
     /// cuBLASLt's workspace, given to every GEMM so those captured into graphs allocate nothing.
     pub(super) gemm_workspace: DevBuf,
     pub(super) lt: super::gemm::Lt,
-    pub(super) _module: Arc<CudaModule>,
+    pub(super) _module: super::kernels::Kernels,
     pub(super) stream: Arc<CudaStream>,
     pub(super) ctx: Arc<CudaContext>,
 }

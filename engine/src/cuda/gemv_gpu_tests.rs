@@ -32,9 +32,7 @@ pub(super) fn gpu() -> Option<(
 }
 
 /// The engine's kernels, compiled for this device as the backend compiles them.
-pub(super) fn module(
-    ctx: &std::sync::Arc<CudaContext>,
-) -> std::sync::Arc<cudarc::driver::CudaModule> {
+pub(super) fn module(ctx: &std::sync::Arc<CudaContext>) -> kernels::Kernels {
     let mut driver = 0;
     // SAFETY: writes one int.
     let _ = unsafe { sys::cuDriverGetVersion(&mut driver) };

@@ -1,6 +1,8 @@
 //! The CUDA kernels (`engine/kernels/*.cu`), compiled by NVRTC for the device's own
 //! architecture at start and cached on disk, keyed by the source's hash, the architecture and
-//! the driver version, so only the first start on a machine pays for the compile.
+//! the driver version, so only the first start on a machine pays for the compile. They compile
+//! as several units at once, one thread each ([`UNITS`]): a cold start waits for the slowest
+//! unit rather than for them all in turn.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,9 +15,11 @@ use super::plan;
 use crate::error::{Error, Result};
 use crate::fault::{Fault, Faults};
 
-/// `common.cuh` first, then every kernel file: one program, one module.
+/// Included first in every unit.
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// Every kernel file.
 const SOURCES: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../../kernels/common.cuh")),
     ("embed.cu", include_str!("../../kernels/embed.cu")),
     ("rmsnorm.cu", include_str!("../../kernels/rmsnorm.cu")),
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
@@ -36,20 +40,93 @@ const SOURCES: &[(&str, &str)] = &[
     ("mamba_ssd.cu", include_str!("../../kernels/mamba_ssd.cu")),
 ];
 
-/// The whole program's source, with `#line` markers so compile errors name the real file.
-pub fn source() -> String {
-    let mut s = String::new();
-    for (name, text) in SOURCES {
-        s.push_str(&format!("#line 1 \"{name}\"\n"));
-        s.push_str(text);
-        s.push('\n');
+/// One NVRTC program: `common.cuh`, then `files` in order (a file may use what an earlier one
+/// of its unit defines), with `defines` added to the options. gemv.cu is about two thirds of
+/// the whole compile (16 of 24 s on one core), so its batch sizes are units of their own.
+pub struct Unit {
+    pub files: &'static [&'static str],
+    pub defines: &'static [&'static str],
+}
+
+pub const UNITS: &[Unit] = &[
+    Unit {
+        files: &[
+            "embed.cu",
+            "rmsnorm.cu",
+            "swiglu.cu",
+            "argmax.cu",
+            "score.cu",
+        ],
+        defines: &[],
+    },
+    Unit {
+        files: &[
+            "rope_kv.cu",
+            "attention.cu",
+            "attention_prefill.cu",
+            "attention_batch.cu",
+        ],
+        defines: &[],
+    },
+    Unit {
+        files: &["mamba.cu", "mamba_ssd.cu"],
+        defines: &[],
+    },
+    gemv_unit(&["GEMV_B_FIRST=1", "GEMV_B_LAST=1"]),
+    gemv_unit(&["GEMV_B_FIRST=2", "GEMV_B_LAST=2"]),
+    gemv_unit(&["GEMV_B_FIRST=3", "GEMV_B_LAST=3"]),
+    gemv_unit(&["GEMV_B_FIRST=4", "GEMV_B_LAST=4"]),
+    gemv_unit(&["GEMV_B_FIRST=5", "GEMV_B_LAST=5"]),
+    gemv_unit(&["GEMV_B_FIRST=6", "GEMV_B_LAST=6"]),
+    gemv_unit(&["GEMV_B_FIRST=7", "GEMV_B_LAST=7"]),
+    gemv_unit(&["GEMV_B_FIRST=8", "GEMV_B_LAST=8"]),
+];
+
+const fn gemv_unit(defines: &'static [&'static str]) -> Unit {
+    Unit {
+        files: &["gemv.cu"],
+        defines,
     }
-    s
+}
+
+impl Unit {
+    /// The program's source, with `#line` markers so compile errors name the real file.
+    pub fn source(&self) -> String {
+        let mut s = format!("#line 1 \"common.cuh\"\n{COMMON}\n");
+        for name in self.files {
+            let (_, text) = SOURCES
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("a unit names kernel files of SOURCES");
+            s.push_str(&format!("#line 1 \"{name}\"\n{text}\n"));
+        }
+        s
+    }
+
+    fn options(&self, arch: &str, faults: &[&str]) -> Vec<String> {
+        let mut opts = options(arch, faults);
+        opts.extend(self.defines.iter().map(|d| format!("-D{d}")));
+        opts
+    }
+
+    /// What the unit's cubin depends on, for its cache file's name.
+    fn key(&self, arch: &str, driver: i32, faults: &[&str]) -> String {
+        let mut h = Sha256::new();
+        h.update(self.source().as_bytes());
+        h.update(self.options(arch, faults).join(" ").as_bytes());
+        hex_key(h, arch, driver)
+    }
+}
+
+fn hex_key(h: Sha256, arch: &str, driver: i32) -> String {
+    let digest = h.finalize();
+    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-{}", device_key(arch, driver))
 }
 
 /// The kernel files' names, reported in `ready.features.kernels`.
 pub fn names() -> Vec<&'static str> {
-    SOURCES.iter().skip(1).map(|(n, _)| *n).collect()
+    SOURCES.iter().map(|(n, _)| *n).collect()
 }
 
 /// The `-D` names of the faults planted in the kernels (fault.rs; attention.cu); the other faults
@@ -86,15 +163,15 @@ fn options(arch: &str, faults: &[&str]) -> Vec<String> {
     opts
 }
 
-/// Compiles the program to a cubin for `arch` (e.g. "sm_90"), with the fault defines `faults`.
-pub fn compile(arch: &str, faults: &[&str]) -> Result<Vec<u8>> {
+/// Compiles one unit to a cubin for `arch` (e.g. "sm_90"), with the fault defines `faults`.
+pub fn compile(unit: &Unit, arch: &str, faults: &[&str]) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
-    let src = std::ffi::CString::new(source()).expect("kernel sources contain no NUL");
+    let src = std::ffi::CString::new(unit.source()).expect("kernel sources contain no NUL");
     let name = std::ffi::CString::new("engine_kernels.cu").unwrap();
     let prog = result::create_program(&src, Some(&name)).map_err(|e| Error::Internal {
         message: format!("NVRTC could not create the kernel program: {e:?}"),
     })?;
-    let opts = options(arch, faults);
+    let opts = unit.options(arch, faults);
     // SAFETY: prog is a live program; it is destroyed below on every path.
     let compiled = unsafe { result::compile_program(prog, &opts) };
     let out = match compiled {
@@ -122,12 +199,30 @@ pub fn compile(arch: &str, faults: &[&str]) -> Result<Vec<u8>> {
                 })
                 .unwrap_or_default();
             Err(Error::Internal {
-                message: format!("the CUDA kernels do not compile for {arch} ({e:?}):\n{log}"),
+                message: format!(
+                    "the CUDA kernels ({}) do not compile for {arch} ({e:?}):\n{log}",
+                    unit.files.join(", ")
+                ),
             })
         }
     };
     let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// Compiles `units`, each on a thread of its own (NVRTC compiles separate programs
+/// concurrently), in their order.
+pub fn compile_all(units: &[&Unit], arch: &str, faults: &[&str]) -> Result<Vec<Vec<u8>>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = units
+            .iter()
+            .map(|u| s.spawn(move || compile(u, arch, faults)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an NVRTC compile thread panicked"))
+            .collect()
+    })
 }
 
 /// Where compiled kernels are cached: `$LLM_BENCH_KERNEL_CACHE`, else
@@ -142,14 +237,15 @@ pub(super) fn cache_dir() -> Option<PathBuf> {
     Some(base.join("llm-bench").join("kernels"))
 }
 
-/// The compiled module's cache key: the kernels' source and options, the arch and the driver.
+/// The compiled kernels' cache key: every unit's source and options, the arch and the driver
+/// (the GEMV tuning and step paths are cached under it, tune.rs).
 pub fn cache_key(arch: &str, driver: i32, faults: &[&str]) -> String {
     let mut h = Sha256::new();
-    h.update(source().as_bytes());
-    h.update(options(arch, faults).join(" ").as_bytes());
-    let digest = h.finalize();
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{hex}-{}", device_key(arch, driver))
+    for unit in UNITS {
+        h.update(unit.source().as_bytes());
+        h.update(unit.options(arch, faults).join(" ").as_bytes());
+    }
+    hex_key(h, arch, driver)
 }
 
 /// The key of what depends on the GPU and driver but not on these kernels (cuBLASLt's GEMM
@@ -165,8 +261,16 @@ pub struct Provenance {
     pub cache_key: String,
     /// [`device_key`].
     pub device_key: String,
+    /// Every unit's cubin came from the cache.
     pub from_cache: bool,
+    /// How many units this load compiled (the others came from the cache).
+    pub units_compiled: usize,
     pub compile_s: f64,
+}
+
+/// The kernels' modules, one a unit; a kernel is looked up by name in whichever has it.
+pub struct Kernels {
+    modules: Vec<Arc<CudaModule>>,
 }
 
 pub fn load(
@@ -174,53 +278,73 @@ pub fn load(
     arch: &str,
     driver: i32,
     faults: &[&str],
-) -> Result<(Arc<CudaModule>, Provenance)> {
-    let key = cache_key(arch, driver, faults);
-    let path = cache_dir().map(|d| d.join(format!("{key}.cubin")));
+) -> Result<(Kernels, Provenance)> {
     let started = std::time::Instant::now();
-    let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
-    let from_cache = cached.is_some();
-    let cubin = match cached {
-        Some(c) => c,
-        None => {
-            let c = compile(arch, faults)?;
-            if let Some(p) = &path {
-                // A failed cache write only costs the next start a compile.
-                if let Some(dir) = p.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &c).is_ok() {
-                    let _ = std::fs::rename(&tmp, p);
-                }
+    let dir = cache_dir();
+    let paths: Vec<Option<PathBuf>> = UNITS
+        .iter()
+        .map(|u| {
+            dir.as_ref()
+                .map(|d| d.join(format!("{}.cubin", u.key(arch, driver, faults))))
+        })
+        .collect();
+    let mut cubins: Vec<Option<Vec<u8>>> = paths
+        .iter()
+        .map(|p| p.as_ref().and_then(|p| std::fs::read(p).ok()))
+        .collect();
+    let missing: Vec<usize> = (0..UNITS.len()).filter(|&i| cubins[i].is_none()).collect();
+    let from_cache = missing.is_empty();
+    let units: Vec<&Unit> = missing.iter().map(|&i| &UNITS[i]).collect();
+    for (i, c) in missing.iter().zip(compile_all(&units, arch, faults)?) {
+        if let Some(p) = &paths[*i] {
+            // A failed cache write only costs the next start a compile.
+            if let Some(dir) = p.parent() {
+                let _ = std::fs::create_dir_all(dir);
             }
-            c
+            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, &c).is_ok() {
+                let _ = std::fs::rename(&tmp, p);
+            }
         }
-    };
-    let module = ctx
-        .load_module(Ptx::from_binary(cubin))
-        .map_err(|e| Error::Internal {
-            message: format!(
-                "the driver refused the compiled kernels ({e:?}); delete {} and retry",
-                path.map(|p| p.display().to_string()).unwrap_or_default()
-            ),
-        })?;
+        cubins[*i] = Some(c);
+    }
+    let modules = cubins
+        .into_iter()
+        .zip(&paths)
+        .map(|(c, p)| {
+            let cubin = c.expect("every unit was read or compiled");
+            ctx.load_module(Ptx::from_binary(cubin))
+                .map_err(|e| Error::Internal {
+                    message: format!(
+                        "the driver refused the compiled kernels ({e:?}); delete {} and retry",
+                        p.as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default()
+                    ),
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok((
-        module,
+        Kernels { modules },
         Provenance {
             arch: arch.to_string(),
-            cache_key: key,
+            cache_key: cache_key(arch, driver, faults),
             device_key: device_key(arch, driver),
             from_cache,
+            units_compiled: missing.len(),
             compile_s: started.elapsed().as_secs_f64(),
         },
     ))
 }
 
-pub fn function(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
-    module.load_function(name).map_err(|e| Error::Internal {
-        message: format!("kernel {name} is missing from the compiled module: {e:?}"),
-    })
+pub fn function(kernels: &Kernels, name: &str) -> Result<CudaFunction> {
+    kernels
+        .modules
+        .iter()
+        .find_map(|m| m.load_function(name).ok())
+        .ok_or_else(|| Error::Internal {
+            message: format!("kernel {name} is in none of the compiled modules"),
+        })
 }
 
 /// Whether NVRTC can be loaded here (it needs no GPU).
@@ -247,10 +371,21 @@ mod tests {
             );
             return;
         }
-        let cubin = compile("sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
-        // Every kernel the backend looks up by name (load.rs Funcs::load) is in the image.
-        let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+        let cubins = compile_all(&UNITS.iter().collect::<Vec<_>>(), "sm_90", &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            cubins.iter().all(|c| c.starts_with(b"\x7fELF")),
+            "a cubin is an ELF image"
+        );
+        // Every kernel the backend looks up by name (load.rs Funcs::load) is in exactly one
+        // unit's image: a name in two would be looked up in whichever came first.
+        let has = |name: &str| {
+            let units: Vec<usize> = (0..UNITS.len())
+                .filter(|&u| holds_symbol(&cubins[u], name))
+                .collect();
+            assert!(units.len() <= 1, "{name} is in units {units:?}");
+            units.len() == 1
+        };
         for mode in GemvMode::ALL {
             for b in 1..=plan::MAX_GEMV_BATCH {
                 assert!(has(&mode.kernel(b)), "{} missing", mode.kernel(b));
@@ -289,7 +424,7 @@ mod tests {
     /// scripts/gemv-bench, which compiles the same program, passes the same `-D` options.
     #[test]
     fn shared_constants_come_from_plan_only() {
-        for (file, text) in SOURCES {
+        for (file, text) in SOURCES.iter().chain([&("common.cuh", COMMON)]) {
             for (name, _) in plan::KERNEL_DEFINES {
                 assert!(
                     !text.contains(&format!("#define {name}")),
@@ -344,7 +479,56 @@ mod tests {
         }
         let all = fault_defines(&Faults::parse("rope_shift,kv_group,nan_past_512").unwrap());
         assert_eq!(all.len(), 3);
-        let cubin = compile("sm_90", &all).unwrap_or_else(|e| panic!("{e}"));
-        assert!(cubin.starts_with(b"\x7fELF"));
+        // Only the units whose files read a fault's define: the others' code is the same.
+        let planted: Vec<&Unit> = UNITS
+            .iter()
+            .filter(|u| u.source().contains("FAULT_"))
+            .collect();
+        assert!(!planted.is_empty());
+        let cubins = compile_all(&planted, "sm_90", &all).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubins.iter().all(|c| c.starts_with(b"\x7fELF")));
+    }
+
+    /// A symbol `name` in an ELF image: the name whole in its string table (NUL after it, and
+    /// NUL or a section prefix's dot before it), not a prefix of a longer name.
+    fn holds_symbol(image: &[u8], name: &str) -> bool {
+        let n = name.as_bytes();
+        image
+            .windows(n.len() + 2)
+            .any(|w| (w[0] == 0 || w[0] == b'.') && &w[1..=n.len()] == n && w[n.len() + 1] == 0)
+    }
+
+    /// Every kernel file is in one unit, but gemv.cu, which is in one unit a batch size, each
+    /// emitting one of 1 to MAX_GEMV_BATCH: together they compile what one program would.
+    #[test]
+    fn the_units_compile_every_file_once_and_gemv_once_a_batch_size() {
+        for (file, _) in SOURCES {
+            let holding: Vec<&Unit> = UNITS.iter().filter(|u| u.files.contains(file)).collect();
+            if *file != "gemv.cu" {
+                assert_eq!(holding.len(), 1, "{file}");
+                assert!(holding[0].defines.is_empty(), "{file}");
+                continue;
+            }
+            let mut batches: Vec<usize> = holding
+                .iter()
+                .map(|u| {
+                    assert_eq!(u.files, ["gemv.cu"]);
+                    let b = |key: &str| -> usize {
+                        let d = u.defines.iter().find_map(|d| d.strip_prefix(key)).unwrap();
+                        d.parse().unwrap()
+                    };
+                    assert_eq!(b("GEMV_B_FIRST="), b("GEMV_B_LAST="), "{:?}", u.defines);
+                    b("GEMV_B_FIRST=")
+                })
+                .collect();
+            batches.sort();
+            assert_eq!(batches, (1..=plan::MAX_GEMV_BATCH).collect::<Vec<_>>());
+        }
+        // gemv.cu by itself emits every batch size (scripts/gemv-bench compiles it so).
+        let gemv = SOURCES.iter().find(|(n, _)| *n == "gemv.cu").unwrap().1;
+        assert!(
+            gemv.contains("#ifndef GEMV_B_FIRST\n#define GEMV_B_FIRST 1\n#define GEMV_B_LAST 8\n")
+        );
+        assert_eq!(plan::MAX_GEMV_BATCH, 8);
     }
 }

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use super::backend::{CudaBackend, BF16, F32};
 use super::device::{driver_err, DevBuf};
-use super::kernels;
+use super::kernels::{self, Kernels};
 use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PREFILL_CHUNK};
 use super::profiler::Profiler;
 use crate::config::ModelConfig;
@@ -499,7 +499,7 @@ impl CudaBackend {
 /// A tensor-core attention kernel (`name`, if the model has one), allowed the shared memory it
 /// stages K/V in: more than the 48 KiB a block gets without asking (Hopper has 227 KiB).
 pub(super) fn staged_attention_function(
-    module: &Arc<CudaModule>,
+    module: &Kernels,
     name: Option<String>,
     smem_bytes: u32,
 ) -> Result<Option<CudaFunction>> {
@@ -510,7 +510,7 @@ pub(super) fn staged_attention_function(
 /// Kernel `name`, allowed `smem_bytes` of dynamic shared memory: more than the 48 KiB a block
 /// gets without asking (Hopper has 227 KiB).
 pub(super) fn staged_function(
-    module: &Arc<CudaModule>,
+    module: &Kernels,
     name: &str,
     smem_bytes: u32,
 ) -> Result<CudaFunction> {
@@ -526,7 +526,7 @@ pub(super) fn staged_function(
 /// `mamba_ssm_step_staged` for `m`'s heads, its shared memory granted, and its persistent grid:
 /// the blocks resident on `sms` multiprocessors at once.
 pub(super) fn mamba_step_function(
-    module: &Arc<CudaModule>,
+    module: &Kernels,
     m: &crate::hybrid::Mamba,
     sms: usize,
 ) -> Result<(CudaFunction, usize)> {
@@ -550,7 +550,7 @@ pub(super) fn mamba_step_function(
 }
 
 impl Funcs {
-    fn load(module: &Arc<CudaModule>, cfg: &ModelConfig, sms: usize) -> Result<Self> {
+    fn load(module: &Kernels, cfg: &ModelConfig, sms: usize) -> Result<Self> {
         let k = |n: &str| kernels::function(module, n);
         let logits = |m: GemvMode| {
             (1..=plan::MAX_GEMV_BATCH)

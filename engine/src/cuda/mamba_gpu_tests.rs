@@ -160,7 +160,7 @@ const LONG: usize = 2 * plan::MAMBA_SSD_ROWS + 22;
 /// returns the gated output.
 fn launch_mixer(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    module: &super::kernels::Kernels,
     mx: &Mixer,
     r: &Run,
     zx: &[f32],
