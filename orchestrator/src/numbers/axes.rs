@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::gates::scope::{KV_POOL, PEAK_GPU_MEMORY, PEAK_HOST_MEMORY};
 use crate::gates::{GateResult, Scope};
-use crate::legs::protocol::LoadCache;
 use crate::legs::sampler::summary::HOST_BOUND_BELOW_PCT;
 use crate::legs::{LegName, LegRecord};
+use crate::numbers::load;
 use crate::numbers::timing::{median_of, Timings};
 use ::stats::median;
 
@@ -269,9 +269,9 @@ pub fn batch_of(axis: &str) -> Option<(&str, u32)> {
 /// busy the GPU was (absent without a GPU: "not measured", never zero).
 fn resource_axes(engine: &LegRecord, oracle: &LegRecord) -> Vec<Axis> {
     let both = |f: &dyn Fn(&LegRecord) -> Option<f64>| (f(engine), f(oracle));
-    let (e, o) = both(&|l| l.ready.as_ref().map(|r| r.load_s));
-    let mut load = axis(LOAD.into(), "s", Better::Lower, e, o);
-    load.note = load_note(engine, oracle);
+    let (e, o) = both(&|l| load::first_start(l).map(|r| r.load_s));
+    let mut load = axis(load::LOAD.into(), "s", Better::Lower, e, o);
+    load.note = load::note(engine, oracle);
     let (e, o) =
         both(&|l| (l.host_mem.samples > 0).then(|| l.host_mem.peak_rss_bytes as f64 / 1e6));
     let host = axis(PEAK_HOST_MEMORY.into(), "MB", Better::LessMemory, e, o);
@@ -303,49 +303,6 @@ fn resource_axes(engine: &LegRecord, oracle: &LegRecord) -> Vec<Axis> {
     let mut busy = axis("GPU busy (battery)".into(), "%", Better::Neither, e, o);
     busy.note = Some("share of driver utilization samples above 0%".into());
     vec![load, host, pool, gpu, busy, utilization(engine, oracle)]
-}
-
-/// The axis of each leg's time from start to `ready`.
-pub const LOAD: &str = "load (to ready)";
-
-/// What each leg's load compiled or timed and whether a cache had it (`features.load_cache`):
-/// a load that skipped its compile because an earlier process left the output is no measure of
-/// a cold start, so a ratio between a warm leg and a cold one is named as not like for like.
-/// None where neither leg says (records older than the field).
-fn load_note(engine: &LegRecord, oracle: &LegRecord) -> Option<String> {
-    let caches = [engine, oracle].map(|l| (l.leg, l.ready.as_ref().map(|r| r.load_cache())));
-    if caches.iter().all(|(_, c)| !matches!(c, Some(Some(_)))) {
-        return None;
-    }
-    let parts: Vec<String> = caches
-        .iter()
-        .filter_map(|(leg, c)| {
-            c.as_ref().map(|c| match c {
-                Some(c) => format!("{leg}: {c}"),
-                None => format!("{leg}: not reported"),
-            })
-        })
-        .collect();
-    let warm: Vec<LegName> = caches
-        .iter()
-        .filter(|(_, c)| matches!(c, Some(Some(c)) if c.from_cache()))
-        .map(|(leg, _)| *leg)
-        .collect();
-    let known = caches.iter().all(|(_, c)| {
-        matches!(
-            c,
-            Some(Some(
-                LoadCache::None | LoadCache::Cold(_) | LoadCache::Warm(_) | LoadCache::Partial(_)
-            ))
-        )
-    });
-    let unlike = match warm.as_slice() {
-        [leg] if known => format!(
-            "NOT ALIKE: the {leg}'s load took work from a cache an earlier process left and the other's did not, so this ratio flatters the {leg} (a leg's docs say where its caches live: empty them, or warm both, and rerun); "
-        ),
-        _ => String::new(),
-    };
-    Some(format!("{unlike}{}", parts.join("; ")))
 }
 
 /// Each leg's mean driver utilization over its battery, naming a host-bound leg (mean below
@@ -451,77 +408,6 @@ mod tests {
         assert_eq!(note("load (to ready)"), None);
         // The token gate's refusal of the engine marks our figures on every axis, not theirs.
         assert!(v.iter().all(|a| a.ours_refused && !a.oracle_refused));
-    }
-
-    #[test]
-    fn a_warm_load_beside_a_cold_one_is_named_not_alike() {
-        let leg = |name: &str, load_cache: Option<serde_json::Value>| {
-            let mut l = crate::gates::testing::record(name);
-            let mut features = serde_json::json!({"backend": "x", "degraded": []});
-            if let Some(c) = load_cache {
-                features["load_cache"] = c;
-            }
-            l.ready = Some(
-                serde_json::from_value(
-                    serde_json::json!({"load_s": 2.0, "kv": null, "features": features}),
-                )
-                .unwrap(),
-            );
-            l
-        };
-        let cache =
-            |state: &str, detail: &str| Some(serde_json::json!({"state": state, "detail": detail}));
-        let note = |e: &LegRecord, o: &LegRecord| {
-            let t = Timings::default();
-            axes(e, o, &t, &t, &[])
-                .into_iter()
-                .find(|a| a.axis == LOAD)
-                .unwrap()
-                .note
-        };
-        let engine_cold = leg("engine", cache("cold", "kernels done afresh"));
-        let oracle_warm = leg("oracle", cache("warm", "torch.compile: 3 graph(s) loaded"));
-        let n = note(&engine_cold, &oracle_warm).unwrap();
-        assert!(
-            n.starts_with("NOT ALIKE: the oracle's load took work from a cache"),
-            "{n}"
-        );
-        assert!(n.contains("flatters the oracle"), "{n}");
-        assert!(
-            n.ends_with("engine: cold (kernels done afresh); oracle: warm (torch.compile: 3 graph(s) loaded)"),
-            "{n}"
-        );
-        // Both cold, or one with nothing to compile: alike, each named.
-        let engine_none = leg("engine", cache("none", "nothing compiled or timed at load"));
-        let oracle_cold = leg(
-            "oracle",
-            cache("cold", "torch.compile: 3 graph(s) compiled afresh"),
-        );
-        let n = note(&engine_none, &oracle_cold).unwrap();
-        assert!(!n.contains("NOT ALIKE"), "{n}");
-        assert!(
-            n.starts_with("engine: nothing compiled or timed; oracle: cold"),
-            "{n}"
-        );
-        let n = note(&engine_cold, &leg("oracle", cache("partial", "x"))).unwrap();
-        assert!(
-            n.contains("flatters the oracle") && n.contains("oracle: partly warm (x)"),
-            "{n}"
-        );
-        // A leg that does not say: named so, and no verdict on likeness; neither: no note.
-        let n = note(&leg("engine", None), &oracle_warm).unwrap();
-        assert_eq!(
-            n,
-            "engine: not reported; oracle: warm (torch.compile: 3 graph(s) loaded)"
-        );
-        assert_eq!(note(&leg("engine", None), &leg("oracle", None)), None);
-        let odd = leg("oracle", cache("lukewarm", ""));
-        let engine_warm = leg("engine", cache("warm", "kernels from the cache"));
-        let n = note(&engine_warm, &odd).unwrap();
-        assert!(
-            !n.contains("NOT ALIKE") && n.contains("a load_cache the protocol does not define"),
-            "{n}"
-        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod axes;
 pub mod explain;
+pub mod load;
 pub mod noise;
 pub mod regress;
 pub mod split;
