@@ -40,14 +40,16 @@
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaContext, CudaStream};
 use serde::{Deserialize, Serialize};
 
 use super::backend::{CudaBackend, BF16, F32};
 use super::device::DevBuf;
-use super::load::{Matrix, Mixer};
+use super::load::{Matrix, Mixer, Sublayer};
 use super::plan::{self, PREFILL_CHUNK};
 use super::tune;
 use crate::error::{Error, Result};
@@ -718,46 +720,25 @@ impl CudaBackend {
                 .try_for_each(|(algo, from, count)| run(algo, from, count)),
         }
     }
+}
 
-    /// Every distinct GEMM weight shape of the model in each pass it runs in, one matrix of it.
-    fn gemm_shapes(&self) -> Vec<(&Matrix, Pass)> {
-        let step = self.max_batch > 1;
-        let mut all: Vec<(&Matrix, Pass)> = Vec::new();
-        for l in &self.layers {
-            let (a, b) = match &l.mixer {
-                Mixer::Attention(a) => (&a.qkv, &a.o),
-                Mixer::Mlp(m) => (&m.up, &m.down),
-                Mixer::Mamba(m) => (&m.in_proj, &m.out_proj),
-            };
-            for m in [a, b] {
-                all.push((m, Pass::Prefill));
-                if step {
-                    all.push((m, Pass::Step));
-                }
-            }
-        }
-        if step {
-            all.push((self.lm_head(), Pass::Step));
-        }
-        let mut shapes: Vec<(&Matrix, Pass)> = Vec::new();
-        for (m, pass) in all {
-            if !shapes
-                .iter()
-                .any(|(s, p)| (s.rows, s.cols, *p) == (m.rows, m.cols, pass))
-            {
-                shapes.push((m, pass));
-            }
-        }
-        shapes
-    }
+/// What timing cuBLASLt's GEMMs takes: the stream, the handle and its workspace, and none of the
+/// engine's own kernels, so a load tunes the GEMMs while NVRTC compiles those (load.rs).
+pub(super) struct GemmBench<'a> {
+    pub ctx: &'a Arc<CudaContext>,
+    pub stream: &'a Arc<CudaStream>,
+    pub lt: &'a Lt,
+    pub workspace: &'a DevBuf,
+}
 
+impl GemmBench<'_> {
     /// Checks and times cuBLASLt's candidates for one shape in one pass.
     fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str) -> Result<GemmShape> {
         let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
         let rows = pass.rows();
         let max = *rows.iter().max().expect("rows are listed");
-        let ws = self.gemm_workspace.bytes;
+        let ws = self.workspace.bytes;
         let mut candidates: Vec<Algo> = Vec::new();
         for &at in rows {
             for a in self.lt.picks(out, inp, at, ws)? {
@@ -792,13 +773,13 @@ impl CudaBackend {
                 y,
                 r,
                 false,
-                &self.gemm_workspace,
+                self.workspace,
                 stream,
             )
         };
         let read = |buf: &DevBuf, row: usize, n: usize| -> Result<Vec<u32>> {
             let mut v = vec![0f32; n * out];
-            buf.read_at(row * out, &mut v, &self.stream)?;
+            buf.read_at(row * out, &mut v, self.stream)?;
             Ok(v.into_iter().map(f32::to_bits).collect())
         };
         // Each candidate's bits in the rows read of its GEMM over `max` rows (the last 8 too, a
@@ -829,7 +810,9 @@ impl CudaBackend {
                 .iter()
                 .map(|&r| {
                     (0..3).try_fold(f64::INFINITY, |best, _| {
-                        let ms = self.time_runs(1, 5, || run(&a, x.ptr, y.ptr, r))?;
+                        let ms = tune::time_runs(self.ctx, self.stream, 1, 5, || {
+                            run(&a, x.ptr, y.ptr, r)
+                        })?;
                         Ok::<f64, Error>(best.min(ms * 1e3))
                     })
                 })
@@ -864,18 +847,19 @@ impl CudaBackend {
     /// Pins (or reads from the cache) the algorithms of every GEMM shape and pass; every GEMM
     /// after this uses them. A shape with no row-invariant candidate runs cuBLASLt's first pick
     /// and says so in `degraded`.
-    pub(super) fn tune_gemms(&mut self) -> Result<()> {
+    pub(super) fn tune_gemms(
+        &self,
+        weights: &[(&Matrix, Pass)],
+        device_key: &str,
+        device_name: &str,
+        sms: usize,
+    ) -> Result<(GemmTuning, Vec<String>)> {
         let started = Instant::now();
-        let path = tune::cache_file(
-            "gemm-algos",
-            &self.kernels.device_key,
-            &self.device_name,
-            self.sms,
-        );
+        let path = tune::cache_file("gemm-algos", device_key, device_name, sms);
         let mut cached: Vec<GemmShape> = path.as_ref().map(tune::read_cache).unwrap_or_default();
         let key = format!("cublasLt{}", self.lt.version);
         let (mut shapes, mut timed) = (Vec::new(), false);
-        for (w, pass) in self.gemm_shapes() {
+        for &(w, pass) in weights {
             let rows = pass.rows();
             let hit = cached.iter().find(|c| {
                 c.key == key
@@ -887,7 +871,7 @@ impl CudaBackend {
                         i < c.candidates.len()
                             && std::iter::once(1).chain(rows.iter().copied()).all(|r| {
                                 let a = &c.candidates[i].data;
-                                self.lt.supports(a, w.rows, w.cols, r, self.gemm_workspace.bytes)
+                                self.lt.supports(a, w.rows, w.cols, r, self.workspace.bytes)
                             })
                     })
             });
@@ -918,9 +902,10 @@ impl CudaBackend {
                 tune::write_cache(p, &cached);
             }
         }
+        let mut degraded = Vec::new();
         for s in &shapes {
             if !s.in_use().all(|i| s.candidates[i].invariant) {
-                self.degraded.push(format!(
+                degraded.push(format!(
                     "gemm_rows_vary: no cuBLASLt algorithm for the {}x{} GEMM of the {:?} pass \
                      gave a row the same bits at every row count checked; its rows may depend \
                      on their neighbours",
@@ -928,14 +913,50 @@ impl CudaBackend {
                 ));
             }
         }
-        self.gemms = GemmTuning {
+        let tuning = GemmTuning {
             shapes,
             cache: path.map(|p| p.display().to_string()),
             from_cache: !timed,
             tune_s: started.elapsed().as_secs_f64(),
         };
-        Ok(())
+        Ok((tuning, degraded))
     }
+}
+
+/// Every distinct GEMM weight shape of the model in each pass it runs in, one matrix of it.
+pub(super) fn gemm_shapes<'a>(
+    layers: &'a [Sublayer],
+    lm_head: &'a Matrix,
+    max_batch: usize,
+) -> Vec<(&'a Matrix, Pass)> {
+    let step = max_batch > 1;
+    let mut all: Vec<(&Matrix, Pass)> = Vec::new();
+    for l in layers {
+        let (a, b) = match &l.mixer {
+            Mixer::Attention(a) => (&a.qkv, &a.o),
+            Mixer::Mlp(m) => (&m.up, &m.down),
+            Mixer::Mamba(m) => (&m.in_proj, &m.out_proj),
+        };
+        for m in [a, b] {
+            all.push((m, Pass::Prefill));
+            if step {
+                all.push((m, Pass::Step));
+            }
+        }
+    }
+    if step {
+        all.push((lm_head, Pass::Step));
+    }
+    let mut shapes: Vec<(&Matrix, Pass)> = Vec::new();
+    for (m, pass) in all {
+        if !shapes
+            .iter()
+            .any(|(s, p)| (s.rows, s.cols, *p) == (m.rows, m.cols, pass))
+        {
+            shapes.push((m, pass));
+        }
+    }
+    shapes
 }
 
 #[cfg(test)]

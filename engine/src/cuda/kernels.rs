@@ -265,7 +265,11 @@ pub struct Provenance {
     pub from_cache: bool,
     /// How many units this load compiled (the others came from the cache).
     pub units_compiled: usize,
+    /// Seconds the units took to read or compile, on their own threads.
     pub compile_s: f64,
+    /// Seconds of that the load waited for, having done all it could without the kernels: the
+    /// compile's share of the load's wall.
+    pub wait_s: f64,
 }
 
 /// The kernels' modules, one a unit; a kernel is looked up by name in whichever has it.
@@ -273,13 +277,21 @@ pub struct Kernels {
     modules: Vec<Arc<CudaModule>>,
 }
 
-pub fn load(
-    ctx: &Arc<CudaContext>,
-    arch: &str,
+/// The kernels being read from the cache or compiled on threads of their own, while the load
+/// goes on with what needs none of them (the weights' upload, cuBLASLt's GEMM tuning).
+pub struct Compiling {
+    arch: String,
     driver: i32,
-    faults: &[&str],
-) -> Result<(Kernels, Provenance)> {
-    let started = std::time::Instant::now();
+    faults: Vec<&'static str>,
+    paths: Vec<Option<PathBuf>>,
+    units_compiled: usize,
+    /// The cubins, and the seconds the thread took to read or compile them.
+    cubins: std::thread::JoinHandle<Result<(Vec<Vec<u8>>, f64)>>,
+}
+
+/// Starts reading or compiling every unit's cubin for `arch` and the driver; [`Compiling::finish`]
+/// loads them. NVRTC needs no GPU, so nothing here touches the context.
+pub fn start(arch: &str, driver: i32, faults: &[&'static str]) -> Compiling {
     let dir = cache_dir();
     let paths: Vec<Option<PathBuf>> = UNITS
         .iter()
@@ -288,53 +300,97 @@ pub fn load(
                 .map(|d| d.join(format!("{}.cubin", u.key(arch, driver, faults))))
         })
         .collect();
-    let mut cubins: Vec<Option<Vec<u8>>> = paths
+    let cached: Vec<Option<Vec<u8>>> = paths
         .iter()
         .map(|p| p.as_ref().and_then(|p| std::fs::read(p).ok()))
         .collect();
-    let missing: Vec<usize> = (0..UNITS.len()).filter(|&i| cubins[i].is_none()).collect();
-    let from_cache = missing.is_empty();
-    let units: Vec<&Unit> = missing.iter().map(|&i| &UNITS[i]).collect();
-    for (i, c) in missing.iter().zip(compile_all(&units, arch, faults)?) {
-        if let Some(p) = &paths[*i] {
-            // A failed cache write only costs the next start a compile.
-            if let Some(dir) = p.parent() {
-                let _ = std::fs::create_dir_all(dir);
+    let units_compiled = cached.iter().filter(|c| c.is_none()).count();
+    let (thread_arch, thread_faults, thread_paths) =
+        (arch.to_string(), faults.to_vec(), paths.clone());
+    let started = std::time::Instant::now();
+    let cubins = std::thread::spawn(move || {
+        let missing: Vec<usize> = (0..UNITS.len()).filter(|&i| cached[i].is_none()).collect();
+        let units: Vec<&Unit> = missing.iter().map(|&i| &UNITS[i]).collect();
+        let mut cubins = cached;
+        for (i, c) in missing
+            .iter()
+            .zip(compile_all(&units, &thread_arch, &thread_faults)?)
+        {
+            if let Some(p) = &thread_paths[*i] {
+                // A failed cache write only costs the next start a compile.
+                if let Some(dir) = p.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &c).is_ok() {
+                    let _ = std::fs::rename(&tmp, p);
+                }
             }
-            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-            if std::fs::write(&tmp, &c).is_ok() {
-                let _ = std::fs::rename(&tmp, p);
-            }
+            cubins[*i] = Some(c);
         }
-        cubins[*i] = Some(c);
+        let cubins = cubins
+            .into_iter()
+            .map(|c| c.expect("every unit was read or compiled"))
+            .collect();
+        Ok((cubins, started.elapsed().as_secs_f64()))
+    });
+    Compiling {
+        arch: arch.to_string(),
+        driver,
+        faults: faults.to_vec(),
+        paths,
+        units_compiled,
+        cubins,
     }
-    let modules = cubins
-        .into_iter()
-        .zip(&paths)
-        .map(|(c, p)| {
-            let cubin = c.expect("every unit was read or compiled");
-            ctx.load_module(Ptx::from_binary(cubin))
-                .map_err(|e| Error::Internal {
-                    message: format!(
-                        "the driver refused the compiled kernels ({e:?}); delete {} and retry",
-                        p.as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_default()
-                    ),
-                })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((
-        Kernels { modules },
-        Provenance {
-            arch: arch.to_string(),
-            cache_key: cache_key(arch, driver, faults),
-            device_key: device_key(arch, driver),
-            from_cache,
-            units_compiled: missing.len(),
-            compile_s: started.elapsed().as_secs_f64(),
-        },
-    ))
+}
+
+impl Compiling {
+    /// Waits for the cubins and loads them into `ctx`, one module a unit.
+    pub fn finish(self, ctx: &Arc<CudaContext>) -> Result<(Kernels, Provenance)> {
+        let waited = std::time::Instant::now();
+        let (cubins, compile_s) = self
+            .cubins
+            .join()
+            .expect("the NVRTC compile thread panicked")?;
+        let wait_s = waited.elapsed().as_secs_f64();
+        let modules = cubins
+            .into_iter()
+            .zip(&self.paths)
+            .map(|(cubin, p)| {
+                ctx.load_module(Ptx::from_binary(cubin))
+                    .map_err(|e| Error::Internal {
+                        message: format!(
+                            "the driver refused the compiled kernels ({e:?}); delete {} and retry",
+                            p.as_ref()
+                                .map(|p| p.display().to_string())
+                                .unwrap_or_default()
+                        ),
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((
+            Kernels { modules },
+            Provenance {
+                arch: self.arch.clone(),
+                cache_key: cache_key(&self.arch, self.driver, &self.faults),
+                device_key: device_key(&self.arch, self.driver),
+                from_cache: self.units_compiled == 0,
+                units_compiled: self.units_compiled,
+                compile_s,
+                wait_s,
+            },
+        ))
+    }
+}
+
+/// Reads or compiles the kernels and loads them, with nothing beside (the GPU tests).
+pub fn load(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    driver: i32,
+    faults: &[&'static str],
+) -> Result<(Kernels, Provenance)> {
+    start(arch, driver, faults).finish(ctx)
 }
 
 pub fn function(kernels: &Kernels, name: &str) -> Result<CudaFunction> {

@@ -8,6 +8,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use super::backend::{CudaBackend, BF16, F32};
 use super::device::{driver_err, DevBuf};
+use super::gemm::{gemm_shapes, GemmBench};
 use super::kernels::{self, Kernels};
 use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PREFILL_CHUNK};
 use super::profiler::Profiler;
@@ -385,9 +386,10 @@ impl CudaBackend {
         );
         plan::check_fits(cfg, max_batch, &pool, free, total)?;
 
-        let fault_defines = kernels::fault_defines(faults);
-        let (module, provenance) = kernels::load(&gpu.ctx, &gpu.arch, gpu.driver, &fault_defines)?;
-        let f = Funcs::load(&module, cfg, gpu.sms)?;
+        // NVRTC compiles on threads of its own while the weights upload and cuBLASLt's GEMMs
+        // are timed (none of which needs these kernels): a cold load takes the longer of the
+        // two, not their sum.
+        let compiling = kernels::start(&gpu.arch, gpu.driver, &kernels::fault_defines(faults));
         let lt = super::gemm::Lt::new()?;
         let gemm_workspace = DevBuf::zeroed(GEMM_WORKSPACE)?;
 
@@ -423,7 +425,23 @@ impl CudaBackend {
         dec.row_table.write(0, &identity[..max_batch])?;
         dec.starts.write(0, &identity)?;
 
-        let sw = switches(&gpu)?;
+        let bench = GemmBench {
+            ctx: &gpu.ctx,
+            stream: &gpu.stream,
+            lt: &lt,
+            workspace: &gemm_workspace,
+        };
+        let (gemms, gemm_degraded) = bench.tune_gemms(
+            &gemm_shapes(&w.layers, w.lm_head.as_ref().unwrap_or(&w.embed), max_batch),
+            &kernels::device_key(&gpu.arch, gpu.driver),
+            &gpu.name,
+            gpu.sms,
+        )?;
+        let (module, provenance) = compiling.finish(&gpu.ctx)?;
+        let f = Funcs::load(&module, cfg, gpu.sms)?;
+
+        let mut sw = switches(&gpu)?;
+        sw.degraded.extend(gemm_degraded);
         let mut backend = Self {
             host_tables: vec![0; dec.layout.tables],
             host_tokens: vec![0; max_batch],
@@ -456,7 +474,7 @@ impl CudaBackend {
             conv_state,
             ssm_state,
             f,
-            gemms: Default::default(),
+            gemms,
             gemm_workspace,
             lt,
             _module: module,
@@ -464,7 +482,6 @@ impl CudaBackend {
             ctx: gpu.ctx,
         };
         backend.tune_gemvs()?;
-        backend.tune_gemms()?;
         backend.choose_paths()?;
         backend.capture_or_degrade();
         backend.sync()?;

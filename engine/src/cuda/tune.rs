@@ -13,9 +13,10 @@
 //! shapes once; `ready.features.gemv_tuning` reports every shape's times and choices.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaContext, CudaStream};
 use serde::{Deserialize, Serialize};
 
 use super::backend::{CudaBackend, F32};
@@ -209,34 +210,14 @@ impl CudaBackend {
         Ok(ms * 1e3 / (reps * group.len()) as f64)
     }
 
-    /// Milliseconds per run of `run` on the stream: `warm` untimed runs, then `runs` between two
-    /// events.
+    /// [`time_runs`] on the backend's stream.
     pub(super) fn time_runs(
         &self,
         warm: usize,
         runs: usize,
         run: impl Fn() -> Result<()>,
     ) -> Result<f64> {
-        let event = || {
-            self.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_err("event create"))
-        };
-        let (start, end) = (event()?, event()?);
-        for _ in 0..warm {
-            run()?;
-        }
-        start
-            .record(&self.stream)
-            .map_err(driver_err("event record"))?;
-        for _ in 0..runs {
-            run()?;
-        }
-        end.record(&self.stream)
-            .map_err(driver_err("event record"))?;
-        self.sync()?;
-        let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
-        Ok(ms / runs as f64)
+        time_runs(&self.ctx, &self.stream, warm, runs, run)
     }
 
     /// Tunes (or reads from the cache) every GEMV shape of the model; the step launched after
@@ -331,6 +312,33 @@ impl CudaBackend {
 /// near draws that the tuning's timing of one shape alone called for the CUDA cores: on
 /// Nemotron-H-8B's in_proj and up (CUDA cores at two warps 0.6 us faster alone, tensor cores at
 /// four in the step) the step was 1.9% slower per token (docs/ENGINE.md, session 18).
+/// Milliseconds per run of `run` on `stream`: `warm` untimed runs, then `runs` between two
+/// events.
+pub(super) fn time_runs(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    warm: usize,
+    runs: usize,
+    run: impl Fn() -> Result<()>,
+) -> Result<f64> {
+    let event = || {
+        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver_err("event create"))
+    };
+    let (start, end) = (event()?, event()?);
+    for _ in 0..warm {
+        run()?;
+    }
+    start.record(stream).map_err(driver_err("event record"))?;
+    for _ in 0..runs {
+        run()?;
+    }
+    end.record(stream).map_err(driver_err("event record"))?;
+    stream.synchronize().map_err(driver_err("synchronize"))?;
+    let ms = start.elapsed_ms(&end).map_err(driver_err("event time"))? as f64;
+    Ok(ms / runs as f64)
+}
+
 pub fn kernels_for(mode: GemvMode, rows: usize, cols: usize) -> Vec<GemvKernel> {
     let cuda = if mode.is_lm_head() {
         vec![plan::lm_head_ksplit(rows, cols)]
