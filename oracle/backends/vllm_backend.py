@@ -38,6 +38,17 @@ PINNED = "0.26.0"
 VERIFY_TOPK = 4
 _ENV_RECORDED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER",
                  "VLLM_ATTENTION_BACKEND", "CUDA_VISIBLE_DEVICES")
+# Recorded only where set, so that goldens captured before they were recorded still compare equal
+# with a run that leaves them unset: inductor's deterministic mode changes the kernels vLLM's
+# torch.compile generates, and so the sums (docs/ORACLE.md).
+_ENV_RECORDED_WHEN_SET = ("TORCHINDUCTOR_DETERMINISTIC",)
+
+
+def recorded_env(environ) -> dict:
+    """The environment a capture or run records (its `resolved.env`, compared with a golden's)."""
+    env = {k: environ.get(k) for k in _ENV_RECORDED}
+    env.update({k: environ[k] for k in _ENV_RECORDED_WHEN_SET if k in environ})
+    return env
 
 
 def _name(v: Any) -> Any:
@@ -169,7 +180,7 @@ class VllmBackend(Backend):
         if "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ and importlib.util.find_spec("flashinfer") is None:
             # flashinfer is not installed (not in the GPU-box pack): use vLLM's PyTorch sampler.
             os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-        self.env = {k: os.environ.get(k) for k in _ENV_RECORDED}
+        self.env = recorded_env(os.environ)
 
         try:
             import torch
