@@ -292,7 +292,11 @@ pub struct Compiling {
 /// Starts reading or compiling every unit's cubin for `arch` and the driver; [`Compiling::finish`]
 /// loads them. NVRTC needs no GPU, so nothing here touches the context.
 pub fn start(arch: &str, driver: i32, faults: &[&'static str]) -> Compiling {
-    let dir = cache_dir();
+    start_in(cache_dir(), arch, driver, faults)
+}
+
+/// [`start`] with the cache in `dir` (none: compile everything, cache nothing).
+fn start_in(dir: Option<PathBuf>, arch: &str, driver: i32, faults: &[&'static str]) -> Compiling {
     let paths: Vec<Option<PathBuf>> = UNITS
         .iter()
         .map(|u| {
@@ -345,6 +349,16 @@ pub fn start(arch: &str, driver: i32, faults: &[&'static str]) -> Compiling {
 }
 
 impl Compiling {
+    /// Waits for the cubins, in [`UNITS`]' order.
+    #[cfg(test)]
+    fn wait(self) -> Result<Vec<Vec<u8>>> {
+        let (cubins, _) = self
+            .cubins
+            .join()
+            .expect("the NVRTC compile thread panicked")?;
+        Ok(cubins)
+    }
+
     /// Waits for the cubins and loads them into `ctx`, one module a unit.
     pub fn finish(self, ctx: &Arc<CudaContext>) -> Result<(Kernels, Provenance)> {
         let waited = std::time::Instant::now();
@@ -427,12 +441,21 @@ mod tests {
             );
             return;
         }
-        let cubins = compile_all(&UNITS.iter().collect::<Vec<_>>(), "sm_90", &[])
-            .unwrap_or_else(|e| panic!("{e}"));
+        // Through the load's own path: compiled on its thread into an empty cache, then every
+        // unit read back from it by the next start, byte for byte.
+        let dir = std::env::temp_dir().join(format!("engine-kernels-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let first = start_in(Some(dir.clone()), "sm_90", 13000, &[]);
+        assert_eq!(first.units_compiled, UNITS.len());
+        let cubins = first.wait().unwrap_or_else(|e| panic!("{e}"));
         assert!(
             cubins.iter().all(|c| c.starts_with(b"\x7fELF")),
             "a cubin is an ELF image"
         );
+        let again = start_in(Some(dir.clone()), "sm_90", 13000, &[]);
+        assert_eq!(again.units_compiled, 0, "every unit was cached");
+        assert!(again.wait().unwrap() == cubins);
+        let _ = std::fs::remove_dir_all(&dir);
         // Every kernel the backend looks up by name (load.rs Funcs::load) is in exactly one
         // unit's image: a name in two would be looked up in whichever came first.
         let has = |name: &str| {
