@@ -752,7 +752,9 @@ pub(super) struct GemmBench<'a> {
 
 impl GemmBench<'_> {
     /// Checks and times cuBLASLt's candidates for one shape in one pass.
-    fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str) -> Result<GemmShape> {
+    /// `inputs` holds at least the pass's largest row count of rows of `w.cols` random bf16
+    /// values ([`random_bf16`]'s sequence, whose prefix is the same at any length).
+    fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str, inputs: &DevBuf) -> Result<GemmShape> {
         let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
         let rows = pass.rows();
@@ -779,8 +781,7 @@ impl GemmBench<'_> {
                 ),
             });
         }
-        let x = DevBuf::zeroed(max * inp * BF16)?;
-        x.write(0, &random_bf16(max * inp))?;
+        let x = inputs;
         let y = DevBuf::zeroed(max * out * F32)?;
         let y_small = DevBuf::zeroed(8 * out * F32)?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
@@ -887,6 +888,14 @@ impl GemmBench<'_> {
         let mut cached: Vec<GemmShape> = path.as_ref().map(tune::read_cache).unwrap_or_default();
         let key = format!("cublasLt{}", self.lt.version);
         let (mut shapes, mut timed) = (Vec::new(), false);
+        // One buffer of random inputs for every shape timed, made when the first needs it:
+        // writing them took longer than timing a small shape.
+        let largest = weights
+            .iter()
+            .map(|(w, pass)| pass.rows().iter().max().expect("rows are listed") * w.cols)
+            .max()
+            .unwrap_or(0);
+        let mut inputs: Option<DevBuf> = None;
         for &(w, pass) in weights {
             let rows = pass.rows();
             let hit = cached.iter().find(|c| {
@@ -910,7 +919,13 @@ impl GemmBench<'_> {
                 },
                 None => {
                     timed = true;
-                    self.tune_gemm(w, pass, &key)?
+                    if inputs.is_none() {
+                        let x = DevBuf::zeroed(largest * BF16)?;
+                        x.write(0, &random_bf16(largest))?;
+                        inputs = Some(x);
+                    }
+                    let x = inputs.as_ref().expect("made above");
+                    self.tune_gemm(w, pass, &key, x)?
                 }
             };
             shapes.push(s);
