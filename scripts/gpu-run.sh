@@ -13,7 +13,10 @@
 #   golden      every [[golden]] file of the unit that is missing:
 #               python3 -m oracle capture --unit goldens/<u>/unit.toml (vLLM, bf16, the unit's
 #               [oracle] configuration, recorded in the golden's capture block).
-#   run         orchestrator run goldens/<u>/unit.toml (the record goes to reports/records/<u>/).
+#   run         orchestrator run goldens/<u>/unit.toml (the record goes to reports/records/<u>/),
+#               both legs starting cold: LLM_BENCH_KERNEL_CACHE, VLLM_CACHE_ROOT and
+#               TRITON_CACHE_DIR point at empty directories of this run's own, removed after it,
+#               so the load axis compares two cold first starts wherever the box's caches stand.
 # then, once:
 #   report      orchestrator report (reports/BENCHMARKS.md).
 #
@@ -232,10 +235,16 @@ step_golden() {
 }
 
 step_run() {
-    local u=$1 lg=$out/$1.run.log rc
+    local u=$1 lg=$out/$1.run.log rc caches
     log "$u run: orchestrator run goldens/$u/unit.toml (log $lg)"
-    "$orch" run "goldens/$u/unit.toml" --python "$py" --legs "$legs" >"$lg" 2>&1
+    # Both legs' first starts are cold: fresh compile caches for this run alone (the engine's
+    # kernels and tunings, vLLM's torch.compile and Triton's), removed after it; the box's own
+    # caches are neither read nor touched.
+    caches=$(mktemp -d "${TMPDIR:-/tmp}/gpu-run-caches.XXXXXX") || { log "$u run: FAILED: no temporary directory"; return 1; }
+    LLM_BENCH_KERNEL_CACHE=$caches/engine VLLM_CACHE_ROOT=$caches/vllm TRITON_CACHE_DIR=$caches/triton \
+        "$orch" run "goldens/$u/unit.toml" --python "$py" --legs "$legs" >"$lg" 2>&1
     rc=$?
+    rm -rf "$caches"
     mdfile[$u]=$(sed -n 's/^table:  //p' "$lg" | tail -n 1)
     [ -n "${mdfile[$u]}" ] && collect "${mdfile[$u]%.md}".*
     case $rc in

@@ -23,7 +23,10 @@ def bindir(tmp_path):
     d.mkdir()
     (d / "engine").symlink_to(ENGINE)
     orch = d / "orchestrator"
-    orch.write_text('#!/bin/sh\necho "$2" >>"$FAKE_LOG"\nsleep 4\nexit 0\n')
+    orch.write_text('#!/bin/sh\necho "$2" >>"$FAKE_LOG"\n'
+                    'for d in "$LLM_BENCH_KERNEL_CACHE" "$VLLM_CACHE_ROOT" "$TRITON_CACHE_DIR"; do\n'
+                    '  echo "$d $(ls -A "$d" 2>/dev/null | wc -l)" >>"$FAKE_LOG.env"; mkdir -p "$d"; touch "$d/x"\n'
+                    'done\nsleep 4\nexit 0\n')
     orch.chmod(0o755)
     return d
 
@@ -60,3 +63,16 @@ def test_a_value_that_is_not_whole_seconds_is_refused_before_anything_runs(bindi
     assert r.returncode == 2
     assert "--stop-after takes whole seconds, not 'soon'" in r.stderr
     assert calls == []
+
+
+def test_each_run_starts_both_legs_on_empty_caches_of_its_own_and_removes_them(bindir, tmp_path):
+    r, calls = run(tmp_path, "--bin", bindir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = [line.split() for line in (tmp_path / "calls.env").read_text().splitlines()]
+    dirs = [d for d, _ in seen]
+    # Three caches a run (engine, vLLM, Triton), two runs: six directories, none shared.
+    assert len(dirs) == 6 and len(set(dirs)) == 6, seen
+    assert all(n == "0" for _, n in seen), f"a cache was not empty: {seen}"
+    assert all(not os.path.exists(d) for d in dirs), "a run's caches outlived it"
+    home = os.path.expanduser("~")
+    assert not any(d.startswith(os.path.join(home, ".cache")) for d in dirs)
