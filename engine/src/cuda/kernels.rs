@@ -265,7 +265,7 @@ pub struct Provenance {
     pub from_cache: bool,
     /// How many units this load compiled (the others came from the cache).
     pub units_compiled: usize,
-    /// Seconds the units took to read or compile, on their own threads.
+    /// Seconds the units took to read from the cache or compile, on their own threads.
     pub compile_s: f64,
     /// Seconds of that the load waited for, having done all it could without the kernels: the
     /// compile's share of the load's wall.
@@ -284,9 +284,17 @@ pub struct Compiling {
     driver: i32,
     faults: Vec<&'static str>,
     paths: Vec<Option<PathBuf>>,
-    units_compiled: usize,
-    /// The cubins, and the seconds the thread took to read or compile them.
-    cubins: std::thread::JoinHandle<Result<(Vec<Vec<u8>>, f64)>>,
+    cubins: std::thread::JoinHandle<Result<Cubins>>,
+}
+
+/// What the compile thread hands back.
+struct Cubins {
+    /// One a unit, in [`UNITS`]' order.
+    cubins: Vec<Vec<u8>>,
+    /// How many of them it compiled (the others came from the cache).
+    compiled: usize,
+    /// Its wall, reading the cache included.
+    seconds: f64,
 }
 
 /// Starts reading or compiling every unit's cubin for `arch` and the driver; [`Compiling::finish`]
@@ -304,18 +312,16 @@ fn start_in(dir: Option<PathBuf>, arch: &str, driver: i32, faults: &[&'static st
                 .map(|d| d.join(format!("{}.cubin", u.key(arch, driver, faults))))
         })
         .collect();
-    let cached: Vec<Option<Vec<u8>>> = paths
-        .iter()
-        .map(|p| p.as_ref().and_then(|p| std::fs::read(p).ok()))
-        .collect();
-    let units_compiled = cached.iter().filter(|c| c.is_none()).count();
     let (thread_arch, thread_faults, thread_paths) =
         (arch.to_string(), faults.to_vec(), paths.clone());
-    let started = std::time::Instant::now();
     let cubins = std::thread::spawn(move || {
-        let missing: Vec<usize> = (0..UNITS.len()).filter(|&i| cached[i].is_none()).collect();
+        let started = std::time::Instant::now();
+        let mut cubins: Vec<Option<Vec<u8>>> = thread_paths
+            .iter()
+            .map(|p| p.as_ref().and_then(|p| std::fs::read(p).ok()))
+            .collect();
+        let missing: Vec<usize> = (0..UNITS.len()).filter(|&i| cubins[i].is_none()).collect();
         let units: Vec<&Unit> = missing.iter().map(|&i| &UNITS[i]).collect();
-        let mut cubins = cached;
         for (i, c) in missing
             .iter()
             .zip(compile_all(&units, &thread_arch, &thread_faults)?)
@@ -332,42 +338,42 @@ fn start_in(dir: Option<PathBuf>, arch: &str, driver: i32, faults: &[&'static st
             }
             cubins[*i] = Some(c);
         }
-        let cubins = cubins
-            .into_iter()
-            .map(|c| c.expect("every unit was read or compiled"))
-            .collect();
-        Ok((cubins, started.elapsed().as_secs_f64()))
+        Ok(Cubins {
+            cubins: cubins
+                .into_iter()
+                .map(|c| c.expect("every unit was read or compiled"))
+                .collect(),
+            compiled: missing.len(),
+            seconds: started.elapsed().as_secs_f64(),
+        })
     });
     Compiling {
         arch: arch.to_string(),
         driver,
         faults: faults.to_vec(),
         paths,
-        units_compiled,
         cubins,
     }
 }
 
 impl Compiling {
-    /// Waits for the cubins, in [`UNITS`]' order.
     #[cfg(test)]
-    fn wait(self) -> Result<Vec<Vec<u8>>> {
-        let (cubins, _) = self
-            .cubins
+    fn wait(self) -> Result<Cubins> {
+        self.cubins
             .join()
-            .expect("the NVRTC compile thread panicked")?;
-        Ok(cubins)
+            .expect("the NVRTC compile thread panicked")
     }
 
     /// Waits for the cubins and loads them into `ctx`, one module a unit.
     pub fn finish(self, ctx: &Arc<CudaContext>) -> Result<(Kernels, Provenance)> {
         let waited = std::time::Instant::now();
-        let (cubins, compile_s) = self
+        let done = self
             .cubins
             .join()
             .expect("the NVRTC compile thread panicked")?;
         let wait_s = waited.elapsed().as_secs_f64();
-        let modules = cubins
+        let modules = done
+            .cubins
             .into_iter()
             .zip(&self.paths)
             .map(|(cubin, p)| {
@@ -388,9 +394,9 @@ impl Compiling {
                 arch: self.arch.clone(),
                 cache_key: cache_key(&self.arch, self.driver, &self.faults),
                 device_key: device_key(&self.arch, self.driver),
-                from_cache: self.units_compiled == 0,
-                units_compiled: self.units_compiled,
-                compile_s,
+                from_cache: done.compiled == 0,
+                units_compiled: done.compiled,
+                compile_s: done.seconds,
                 wait_s,
             },
         ))
@@ -445,16 +451,20 @@ mod tests {
         // unit read back from it by the next start, byte for byte.
         let dir = std::env::temp_dir().join(format!("engine-kernels-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let first = start_in(Some(dir.clone()), "sm_90", 13000, &[]);
-        assert_eq!(first.units_compiled, UNITS.len());
-        let cubins = first.wait().unwrap_or_else(|e| panic!("{e}"));
+        let first = start_in(Some(dir.clone()), "sm_90", 13000, &[])
+            .wait()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(first.compiled, UNITS.len());
+        let cubins = first.cubins;
         assert!(
             cubins.iter().all(|c| c.starts_with(b"\x7fELF")),
             "a cubin is an ELF image"
         );
-        let again = start_in(Some(dir.clone()), "sm_90", 13000, &[]);
-        assert_eq!(again.units_compiled, 0, "every unit was cached");
-        assert!(again.wait().unwrap() == cubins);
+        let again = start_in(Some(dir.clone()), "sm_90", 13000, &[])
+            .wait()
+            .unwrap();
+        assert_eq!(again.compiled, 0, "every unit was cached");
+        assert!(again.cubins == cubins);
         let _ = std::fs::remove_dir_all(&dir);
         // Every kernel the backend looks up by name (load.rs Funcs::load) is in exactly one
         // unit's image: a name in two would be looked up in whichever came first.
