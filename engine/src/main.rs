@@ -291,8 +291,13 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
             )
         })
         .collect();
+    // A warm load (caches an earlier start filled) is no measure of a cold one: say which.
+    let warmth = match out["features"]["load_cache"]["state"].as_str() {
+        Some(state) if state != "none" => format!(" ({state})"),
+        _ => String::new(),
+    };
     eprintln!(
-        "per output token {:.3} ms (spread {:.1}%){}; ttft({}) {:.2} ms; {}; load {load_s:.2} s; peak host {:.0} MiB{}",
+        "per output token {:.3} ms (spread {:.1}%){}; ttft({}) {:.2} ms; {}; load {load_s:.2} s{warmth}; peak host {:.0} MiB{}",
         per_token * 1e3,
         out["per_output_token_spread"].as_f64().unwrap_or(0.0) * 100.0,
         by_prompt_len(&out["per_output_token_by_prompt_len"]),
