@@ -28,10 +28,10 @@
 //! GEMM over the largest row count, and 8 rows from just past half-way down, must have the bits
 //! of GEMMs over those 8 rows alone, and row 0 those of a GEMM of one row (random inputs, the
 //! model's own weights); the rows read, and the last 8, are its print, and equal prints make
-//! twins. A candidate that fails is kept in the report, never chosen. Each is
-//! timed at each row count, and timed twice more there if its first timing is within [`RETIME`]
-//! of the fastest invariant one's (each keeps its best, so a stray slow timing does not decide; one far behind
-//! costs the load no more time).
+//! twins. A candidate that fails is kept in the report, never chosen. Each is timed at each row
+//! count, and twice more there if its first timing is within [`RETIME`] of the fastest invariant
+//! one's (each keeps its best, so a stray slow timing does not decide; one far behind costs the
+//! load no more time).
 //! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
 //! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
 //! algorithm is stored as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
@@ -752,9 +752,9 @@ pub(super) struct GemmBench<'a> {
 
 impl GemmBench<'_> {
     /// Checks and times cuBLASLt's candidates for one shape in one pass.
-    /// `inputs` holds at least the pass's largest row count of rows of `w.cols` random bf16
-    /// values ([`random_bf16`]'s sequence, whose prefix is the same at any length).
-    fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str, inputs: &DevBuf) -> Result<GemmShape> {
+    /// `x` holds at least the pass's largest row count of rows of `w.cols` random bf16 values
+    /// ([`random_bf16`]'s sequence, whose prefix is the same at any length).
+    fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str, x: &DevBuf) -> Result<GemmShape> {
         let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
         let rows = pass.rows();
@@ -781,7 +781,6 @@ impl GemmBench<'_> {
                 ),
             });
         }
-        let x = inputs;
         let y = DevBuf::zeroed(max * out * F32)?;
         let y_small = DevBuf::zeroed(8 * out * F32)?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
@@ -837,9 +836,9 @@ impl GemmBench<'_> {
         }
         // Two more timings for those a stray slow first one could have misplaced; one far
         // behind keeps its first.
+        let invariant: Vec<bool> = candidates.iter().map(|c| c.invariant).collect();
         for (at, &r) in rows.iter().enumerate() {
             let us: Vec<f64> = candidates.iter().map(|c| c.us[at]).collect();
-            let invariant: Vec<bool> = candidates.iter().map(|c| c.invariant).collect();
             for i in contenders(&us, &invariant) {
                 for _ in 0..2 {
                     let t = time(&candidates[i], r)?;

@@ -305,13 +305,6 @@ impl CudaBackend {
     }
 }
 
-/// The kernels timed for a GEMV of `mode` over `rows` x `cols`, in the order [`choose`] takes
-/// them: the CUDA cores at the shape's default split (plan.rs `gemv_ksplit`; the lm_head's at its
-/// own one), the tensor cores at each split of theirs where the shape fits them, then the CUDA
-/// cores' other splits. The tensor cores come before those because in the step they won the
-/// near draws that the tuning's timing of one shape alone called for the CUDA cores: on
-/// Nemotron-H-8B's in_proj and up (CUDA cores at two warps 0.6 us faster alone, tensor cores at
-/// four in the step) the step was 1.9% slower per token (docs/ENGINE.md, session 18).
 /// Milliseconds per run of `run` on `stream`: `warm` untimed runs, then `runs` between two
 /// events.
 pub(super) fn time_runs(
@@ -339,6 +332,13 @@ pub(super) fn time_runs(
     Ok(ms / runs as f64)
 }
 
+/// The kernels timed for a GEMV of `mode` over `rows` x `cols`, in the order [`choose`] takes
+/// them: the CUDA cores at the shape's default split (plan.rs `gemv_ksplit`; the lm_head's at its
+/// own one), the tensor cores at each split of theirs where the shape fits them, then the CUDA
+/// cores' other splits. The tensor cores come before those because in the step they won the
+/// near draws that the tuning's timing of one shape alone called for the CUDA cores: on
+/// Nemotron-H-8B's in_proj and up (CUDA cores at two warps 0.6 us faster alone, tensor cores at
+/// four in the step) the step was 1.9% slower per token (docs/ENGINE.md, session 18).
 pub fn kernels_for(mode: GemvMode, rows: usize, cols: usize) -> Vec<GemvKernel> {
     let cuda = if mode.is_lm_head() {
         vec![plan::lm_head_ksplit(rows, cols)]

@@ -106,14 +106,14 @@ mod tests {
         };
         let cache =
             |state: &str, detail: &str| Some(serde_json::json!({"state": state, "detail": detail}));
-        let note = |e: &LegRecord, o: &LegRecord| {
+        let load_axis = |e: &LegRecord, o: &LegRecord| {
             let t = Timings::default();
             axes(e, o, &t, &t, &[])
                 .into_iter()
                 .find(|a| a.axis == LOAD)
                 .unwrap()
-                .note
         };
+        let note = |e: &LegRecord, o: &LegRecord| load_axis(e, o).note;
         let engine_cold = leg("engine", cache("cold", "kernels done afresh"));
         let oracle_warm = leg("oracle", cache("warm", "torch.compile: 3 graph(s) loaded"));
         let n = note(&engine_cold, &oracle_warm).unwrap();
@@ -165,11 +165,7 @@ mod tests {
             "oracle",
             cache("cold", "torch.compile: 3 graph(s) compiled afresh"),
         );
-        let t = Timings::default();
-        let load = axes(&restarted, &oracle_cold, &t, &t, &[])
-            .into_iter()
-            .find(|a| a.axis == LOAD)
-            .unwrap();
+        let load = load_axis(&restarted, &oracle_cold);
         assert_eq!((load.ours, load.oracle), (Some(48.5), Some(2.0)));
         let n = load.note.unwrap();
         assert!(!n.contains("NOT ALIKE"), "{n}");
