@@ -584,3 +584,137 @@ fn the_decode_steps_forms_and_grids_give_the_same_bits() {
         }
     }
 }
+
+/// Nemotron-H-8B's conv (10,240 channels, a window of 4, rows 18,560 wide) and the battery's
+/// batch-8 pass (eight prompts, 2,712 rows; `fresh`: every one from position 0, else each
+/// continuing from a window in its slot).
+struct ConvPass {
+    mx: Mixer,
+    lens: Vec<usize>,
+    run: Run,
+    zx: DevBuf,
+    starts: DevBuf,
+    slots: DevBuf,
+    positions: DevBuf,
+    conv0: Vec<f32>,
+}
+
+impl ConvPass {
+    fn new(fresh: bool) -> Self {
+        let mx = Mixer::new(Mamba {
+            n_groups: 8,
+            ..Mixer::shaped(128, 64, 128).m
+        });
+        let (_, conv_dim, in_dim, kk) = mx.widths();
+        let lens = vec![5usize, 95, 180, 260, 340, 420, 612, 800];
+        let mut starts = vec![0i32];
+        for n in &lens {
+            starts.push(starts.last().unwrap() + *n as i32);
+        }
+        let rows = *starts.last().unwrap() as usize;
+        // Slots in another order than the segments, and positions past 0 unless fresh.
+        let slots: Vec<i32> = (0..lens.len() as i32).rev().collect();
+        let from = if fresh { 0 } else { 7 };
+        let positions: Vec<i32> = lens.iter().flat_map(|&n| from..from + n as i32).collect();
+        let conv0 = values(lens.len() * conv_dim * (kk - 1), 61);
+        let run = Run::new(&mx, lens.len(), rows, 0.0);
+        Self {
+            zx: upload(&values(rows * in_dim, 60)),
+            starts: upload(&starts),
+            slots: upload(&slots),
+            positions: upload(&positions),
+            mx,
+            lens,
+            run,
+            conv0,
+        }
+    }
+
+    /// One launch of `mamba_conv` at `rows_per` rows a chunk and `threads` a block.
+    fn launch(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        f: &cudarc::driver::CudaFunction,
+        rows_per: usize,
+        threads: u32,
+    ) -> crate::error::Result<()> {
+        let (inner, conv_dim, in_dim, kk) = self.mx.widths();
+        let i = |v: usize| v as i32;
+        let blocks = plan::mamba_conv_chunks(self.lens.iter().copied(), rows_per) as u32;
+        launch!(f, stream, false, ((conv_dim as u32).div_ceil(threads), blocks, 1), threads, 0;
+            self.zx.ptr, self.starts.ptr, i(self.lens.len()), i(rows_per), i(in_dim), i(inner), i(conv_dim),
+            i(kk), self.mx.dev[0].ptr, self.mx.dev[1].ptr, self.run.conv_state.ptr, self.slots.ptr,
+            self.positions.ptr, self.run.xbc.ptr)
+    }
+
+    /// The outputs and the slots' windows after one launch from the first windows.
+    fn outputs(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        f: &cudarc::driver::CudaFunction,
+        rows_per: usize,
+        threads: u32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        self.run.conv_state.write(0, &self.conv0).unwrap();
+        self.launch(stream, f, rows_per, threads).unwrap();
+        let rows: usize = self.lens.iter().sum();
+        let mut xbc = vec![0f32; rows * self.mx.m.conv_dim()];
+        self.run.xbc.read(&mut xbc, stream).unwrap();
+        let mut state = vec![0f32; self.conv0.len()];
+        self.run.conv_state.read(&mut state, stream).unwrap();
+        (xbc, state)
+    }
+}
+
+/// The prefill conv's outputs and the windows it leaves have the same bits whatever the cut into
+/// chunks and blocks (a row's sum is one expression whatever the chunking, mamba.cu), on the 8B's
+/// widths, whether the prompts start fresh or continue from their slots' windows: so the cut is
+/// chosen for speed alone ([`prefill_conv_timed`]).
+#[test]
+fn the_prefill_convs_cut_does_not_change_its_bits() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let f = kernels::function(&module, "mamba_conv").unwrap();
+    for fresh in [true, false] {
+        let pass = ConvPass::new(fresh);
+        let (x0, s0) = pass.outputs(&stream, &f, plan::MAMBA_CONV_ROWS, 128);
+        assert!(
+            differing_bits(&s0, &pass.conv0) > 0,
+            "the conv left the windows as they were"
+        );
+        for (rows_per, threads) in [(4, 128), (16, 128), (64, 256), (1000, 64)] {
+            let (x, s) = pass.outputs(&stream, &f, rows_per, threads);
+            let what = format!("fresh {fresh}, {rows_per} rows a chunk, {threads} threads");
+            assert_eq!(differing_bits(&x0, &x), 0, "{what}: outputs differ");
+            assert_eq!(differing_bits(&s0, &s), 0, "{what}: windows differ");
+        }
+    }
+}
+
+/// The prefill conv timed (ignored: a measurement, run by hand on the GPU box with `--ignored
+/// --nocapture`) on [`ConvPass`] at several rows a chunk and threads a block; the rate counts the
+/// conv's input and output columns once. On an H100 (session 31): 16 rows a chunk 133.5 us, 32
+/// 123.2, 64 122.1 (128 threads; 256 slower at each), hence [`plan::MAMBA_CONV_ROWS`].
+#[test]
+#[ignore]
+fn prefill_conv_timed() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let f = kernels::function(&module, "mamba_conv").unwrap();
+    let pass = ConvPass::new(true);
+    let rows: usize = pass.lens.iter().sum();
+    let bytes = (rows * pass.mx.m.conv_dim() * 8) as f64;
+    for (rows_per, threads) in [(16, 128), (16, 256), (32, 128), (64, 128), (64, 256)] {
+        let run = || pass.launch(&stream, &f, rows_per, threads);
+        let s = super::tune::time_runs(&ctx, &stream, 5, 50, run).unwrap() / 1e3;
+        println!(
+            "mamba_conv {rows} rows, {rows_per} rows a chunk, {threads} threads: {:.1} us, {:.2} TB/s",
+            s * 1e6,
+            bytes / s / 1e12
+        );
+    }
+}
