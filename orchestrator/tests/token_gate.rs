@@ -173,16 +173,30 @@ fn a_leg_that_does_not_answer_verify_is_refused_twice_and_named() {
 }
 
 #[test]
-fn the_goldens_own_implementation_is_held_to_exact_match_at_batch_1() {
+fn the_goldens_own_implementation_off_its_golden_is_judged_by_teacher_forcing() {
     // The oracle reports the golden's backend: exact at batch 1, teacher-forced at batch 2; its
-    // free-running tokens differ at prompt 0's position 5, which exact match refuses.
+    // free-running tokens differ at prompt 0's position 5. Fed the golden's tokens at batch 1,
+    // it takes the other token there by a gap of 0 where the golden's margin is 0: a tie, so
+    // its rows pass, and the record says they left their own golden.
     let d = unit("", "--backend=fake --fault=wrong-tokens --gap=0", 0.0);
+    let (out, rec) = run(d.path(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v = token(&rec, "oracle");
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].1.starts_with("TOKEN MATCH: 21/24 over 3 prompt(s) (full rows=2, short rows=0) at batch [1] (exact: golden.json was captured by the same implementation (fake) on cpu in float32, and these rows ran at batch 1), not its own golden's tokens bit for bit (first divergences: p0 at 5), so judged as another implementation is: TOKEN MATCH (teacher-forced)"),
+        "{v:?}"
+    );
+    // A gap beyond the tolerance there is refused: the exact mismatch and the teacher-forced
+    // position both named.
+    let d = unit("", "--backend=fake --fault=wrong-tokens --gap=1", 0.0);
     let (out, rec) = run(d.path(), &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let v = token(&rec, "oracle");
-    assert_eq!(v.len(), 1, "the teacher-forced batch 2 passes: {v:?}");
     assert!(
         v[0].1.starts_with("The oracle leg's tokens do not match the golden golden.json: TOKEN MATCH: 21/24 over 3 prompt(s) (full rows=2, short rows=0)")
+            && v[0].1.contains("Fed the golden's tokens at those batch sizes, as rows off their own golden are judged, it did not pass either")
+            && v[0].1.contains("Oracle: prompt p0 position 5 (batch 1")
             && v[0].1.contains("Hint: these rows are held to exact match (golden.json was captured by the same implementation (fake) on cpu in float32, and these rows ran at batch 1)"),
         "{v:?}"
     );

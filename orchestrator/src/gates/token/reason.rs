@@ -27,6 +27,10 @@ pub enum TokenReason {
         /// (`versions.gpu` of the golden's capture and of the leg's ready) and differ.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         other_gpu: Option<Box<(String, String)>>,
+        /// Where the golden is the leg's own: the teacher-forced check at these batch sizes,
+        /// which did not pass them either (absent in records before it was run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forced: Option<Box<ForcedTally>>,
     },
     /// Teacher-forced positions beyond the tolerance, not finite, or not judgeable, or batch
     /// sizes the leg did not verify.
@@ -54,6 +58,7 @@ impl fmt::Display for TokenReason {
                 mismatches,
                 exact_because,
                 other_gpu,
+                forced,
             } => {
                 write!(
                     f,
@@ -64,13 +69,14 @@ impl fmt::Display for TokenReason {
                     write!(f, " {}: {m}.", capitalise_first(leg.as_str()))?;
                 }
                 let because = exact_because.as_deref().unwrap_or("the unit's rule");
-                match widest_tie(mismatches) {
-                    Some(widest) => write!(
+                match (forced.as_deref(), widest_tie(mismatches)) {
+                    (Some(t), _) => own_forced_sentence(f, *leg, because, mismatches, t),
+                    (None, Some(widest)) => write!(
                         f,
                         " Hint: these rows are held to exact match ({because}), and each first difference named is the golden's runner-up, at golden margins of at most {}: a near-tie decided the other way. A correct implementation does that when the order of its sums changes from one load to the next (code compiled and tuned afresh in each process: vLLM's torch.compile output does it on Nemotron-H, docs/ORACLE.md), and so does a bug that moves the logits a little; to tell them apart, capture the golden again and rerun with the capture's compile cache (vLLM: the VLLM_CACHE_ROOT it wrote), under which a correct implementation reproduces its golden, and bisect from the first position named if it still differs.",
                         fmt_num(widest)
                     ),
-                    None => write!(
+                    (None, None) => write!(
                         f,
                         " Hint: these rows are held to exact match ({because}), so any difference is a correctness bug to bisect, from the first position named."
                     ),
@@ -111,6 +117,39 @@ fn widest_tie(mismatches: &[Mismatch]) -> Option<f64> {
             .filter_map(|m| m.margin)
             .fold(0.0, f64::max)
     })
+}
+
+/// The hint of a leg off its own golden that the teacher-forced check did not pass either.
+fn own_forced_sentence(
+    f: &mut fmt::Formatter<'_>,
+    leg: LegName,
+    because: &str,
+    mismatches: &[Mismatch],
+    t: &ForcedTally,
+) -> fmt::Result {
+    let ties = match widest_tie(mismatches) {
+        Some(w) => format!(
+            "each first difference named is the golden's runner-up, at golden margins of at most {}, ",
+            fmt_num(w)
+        ),
+        None => String::new(),
+    };
+    write!(
+        f,
+        " Fed the golden's tokens at those batch sizes, as rows off their own golden are judged, it did not pass either: {}.",
+        t.summary()
+    )?;
+    let who = capitalise_first(leg.as_str());
+    for p in &t.failures {
+        write!(f, " {who}: {p}.")?;
+    }
+    for u in &t.unverified {
+        write!(f, " Not verified: {u}.")?;
+    }
+    write!(
+        f,
+        " Hint: these rows are held to exact match ({because}); {ties}an implementation that compiles and tunes its kernels afresh in each process (vLLM's torch.compile on Nemotron-H, docs/ORACLE.md) may part from its golden at near-ties, so such rows are judged by teacher forcing as another implementation's are, and a position beyond the tolerance there is a bug to bisect at that prompt, position and batch; a batch size not verified must be answered (verify, docs/PROTOCOL.md)."
+    )
 }
 
 fn forced_sentence(
@@ -177,6 +216,7 @@ mod tests {
             mismatches,
             exact_because: Some("same implementation at batch 1".into()),
             other_gpu: other_gpu.map(|(g, l)| Box::new((g.into(), l.into()))),
+            forced: None,
         }
         .to_string()
     }
@@ -200,6 +240,7 @@ mod tests {
             mismatches: vec![],
             exact_because: None,
             other_gpu: None,
+            forced: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         assert!(!json.contains("other_gpu"), "{json}");

@@ -3,7 +3,9 @@
 //! the same kind of device in the same dtype and the rows ran at batch 1 (what such a golden
 //! reproduces bit for bit), and everywhere for a golden the unit marks `exact = true` (a
 //! trained model's sharp logits leave no near-ties); **teacher-forced** everywhere else. The
-//! run asks each leg to verify at the teacher-forced batch sizes ([`verify_plan`]).
+//! run asks each leg to verify at the teacher-forced batch sizes, and at the exact ones where the
+//! golden is its own ([`Rules::verified`]): rows that do not reproduce their own golden bit for
+//! bit are then judged by teacher forcing (token.rs).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +34,22 @@ pub struct Rules {
     pub exact_because: Option<String>,
     /// The golden was captured by this leg's own implementation, device and dtype.
     pub own: bool,
+}
+
+impl Rules {
+    /// The batch sizes the leg verifies (is fed the golden's tokens at): the teacher-forced ones,
+    /// and where the golden is its own, the exact ones too. An implementation that compiles and
+    /// tunes its kernels afresh in each process (vLLM's torch.compile on Nemotron-H,
+    /// docs/ORACLE.md) sums in another order than the process that captured its golden did, and
+    /// parts from it at near-ties; its rows are then judged as another implementation's are.
+    pub fn verified(&self) -> Vec<u32> {
+        let mut v = self.forced.clone();
+        if self.own {
+            v.extend(&self.exact);
+        }
+        v.sort_unstable();
+        v
+    }
 }
 
 /// The rules for `leg` against the golden `gref` names.
@@ -107,7 +125,7 @@ pub fn verify_plan(
         Some(forced) => VerifyPlan {
             prompts: prompts.iter().map(|p| p.tokens.clone()).collect(),
             forced,
-            batches: rules(unit, gref, golden, leg).forced,
+            batches: rules(unit, gref, golden, leg).verified(),
         },
         None => VerifyPlan::default(),
     }
@@ -160,6 +178,41 @@ mod tests {
         );
         let r = rules(&u, &u.config.golden[0], &g, &leg("engine", "cuda"));
         assert_eq!((r.exact, r.forced), (vec![], vec![1, 8]));
+    }
+
+    #[test]
+    fn a_leg_verifies_its_own_goldens_exact_batches_too_and_no_others() {
+        let (u, g) = (unit(false), golden());
+        // The oracle against its own golden: batch 1 exact, and verified there too, so that rows
+        // parting from that golden at near-ties can be judged as the engine's are.
+        let own = rules(&u, &u.config.golden[0], &g, &leg("oracle", "vllm"));
+        assert_eq!(own.verified(), vec![1, 8]);
+        // The engine against vLLM's golden: every batch teacher-forced, each verified once.
+        let other = rules(&u, &u.config.golden[0], &g, &leg("engine", "cuda"));
+        assert_eq!(other.verified(), vec![1, 8]);
+        // A golden marked exact is no leg's own: its exact rows are held exact, nothing verified.
+        let (u, g) = (unit(true), golden());
+        let marked = rules(&u, &u.config.golden[0], &g, &leg("oracle", "vllm"));
+        assert_eq!(
+            (marked.exact.clone(), marked.verified()),
+            (vec![1, 8], vec![])
+        );
+        let goldens = BTreeMap::from([(PathBuf::from("g.json"), g)]);
+        let prompts = vec![Prompt {
+            id: "p0".into(),
+            tokens: vec![9],
+        }];
+        let (u, g) = (unit(false), golden());
+        let goldens_own = BTreeMap::from([(PathBuf::from("g.json"), g)]);
+        assert_eq!(
+            verify_plan(&u, &goldens_own, &prompts, &leg("oracle", "vllm")).batches,
+            vec![1, 8]
+        );
+        assert!(
+            verify_plan(&unit(true), &goldens, &prompts, &leg("oracle", "vllm"))
+                .batches
+                .is_empty()
+        );
     }
 
     #[test]
