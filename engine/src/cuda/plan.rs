@@ -113,9 +113,9 @@ pub fn mamba_ssm_threads(m: &crate::hybrid::Mamba, prefill: bool) -> u32 {
 
 /// Rows per chunk of `mamba_conv` in prefill: a segment's rows are cut into chunks of this many,
 /// a block row each (mamba.cu). At least the longest window, so that only a segment's first
-/// chunk reads its slot's window. 32 rather than 16: 8% faster on the battery's batch-8 pass of
-/// Nemotron-H-8B (123 against 134 us a layer on an H100; 64 no faster; the same bits at any
-/// cut: mamba_gpu_tests.rs).
+/// chunk reads its slot's window. 32 rather than 16: alone on the battery's batch-8 pass of
+/// Nemotron-H-8B 8% faster (123 against 134 us a layer on an H100; 64 no faster), 4% in the
+/// engine's prefill; the same bits at any cut (mamba_gpu_tests.rs).
 pub const MAMBA_CONV_ROWS: usize = 32;
 const _: () = assert!(MAMBA_CONV_ROWS >= MAMBA_MAX_WINDOW);
 
