@@ -139,6 +139,15 @@ fn own_forced_sentence(
         " Fed the golden's tokens at those batch sizes, as rows off their own golden are judged, it did not pass either: {}.",
         t.summary()
     )?;
+    failed_positions(f, leg, t)?;
+    write!(
+        f,
+        " Hint: these rows are held to exact match ({because}); {ties}an implementation that compiles and tunes its kernels afresh in each process (vLLM's torch.compile on Nemotron-H, docs/ORACLE.md) may part from its golden at near-ties, so such rows are judged by teacher forcing as another implementation's are, and a position beyond the tolerance there is a bug to bisect at that prompt, position and batch; a batch size not verified must be answered (verify, docs/PROTOCOL.md)."
+    )
+}
+
+/// Each failing prompt's worst position, then each batch size not verified.
+fn failed_positions(f: &mut fmt::Formatter<'_>, leg: LegName, t: &ForcedTally) -> fmt::Result {
     let who = capitalise_first(leg.as_str());
     for p in &t.failures {
         write!(f, " {who}: {p}.")?;
@@ -146,10 +155,7 @@ fn own_forced_sentence(
     for u in &t.unverified {
         write!(f, " Not verified: {u}.")?;
     }
-    write!(
-        f,
-        " Hint: these rows are held to exact match ({because}); {ties}an implementation that compiles and tunes its kernels afresh in each process (vLLM's torch.compile on Nemotron-H, docs/ORACLE.md) may part from its golden at near-ties, so such rows are judged by teacher forcing as another implementation's are, and a position beyond the tolerance there is a bug to bisect at that prompt, position and batch; a batch size not verified must be answered (verify, docs/PROTOCOL.md)."
-    )
+    Ok(())
 }
 
 fn forced_sentence(
@@ -159,7 +165,6 @@ fn forced_sentence(
     t: &ForcedTally,
     free_running: &str,
 ) -> fmt::Result {
-    let who = capitalise_first(leg.as_str());
     if t.failures.is_empty() {
         write!(
             f,
@@ -174,12 +179,7 @@ fn forced_sentence(
             golden.display(),
             t.summary()
         )?;
-        for p in &t.failures {
-            write!(f, " {who}: {p}.")?;
-        }
-        for u in &t.unverified {
-            write!(f, " Not verified: {u}.")?;
-        }
+        failed_positions(f, leg, t)?;
     }
     write!(
         f,
