@@ -31,7 +31,8 @@
 //! twins. A candidate that fails is kept in the report, never chosen. Each is timed at each row
 //! count, and twice more there if its first timing is within [`RETIME`] of the fastest invariant
 //! one's (each keeps its best, so a stray slow timing does not decide; one far behind costs the
-//! load no more time).
+//! load no more time). A timing averages up to five runs, fewer where the GEMM is expected (from
+//! its time at the row count before) to take milliseconds ([`runs_for`]).
 //! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
 //! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
 //! algorithm is stored as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
@@ -309,6 +310,19 @@ pub fn pin_prefill(candidates: &[Algo], rows: &[usize]) -> Option<Vec<Pin>> {
 /// How far behind the fastest first timing at a row count a candidate may be and still be
 /// timed twice more there: far past any noise seen between timings, and past [`tune::MARGIN`].
 const RETIME: f64 = 0.15;
+
+/// Runs a timing averages at most, and the GPU time it aims for: a GEMM expected to take as long
+/// as [`TIMED_US`] (a prefill shape at a thousand rows or more) is timed once after its warm-up,
+/// where five runs of it cost the load seconds and steady nothing a millisecond's run has not.
+const RUNS: usize = 5;
+const TIMED_US: f64 = 2000.0;
+
+/// Runs for a timing whose GEMM is expected to take `expected_us` (none known: [`RUNS`]).
+fn runs_for(expected_us: Option<f64>) -> usize {
+    expected_us.map_or(RUNS, |us| {
+        ((TIMED_US / us.max(1.0)).ceil() as usize).clamp(1, RUNS)
+    })
+}
 
 /// The candidates whose first timing `us[i]` is within [`RETIME`] of the fastest that can be
 /// chosen (an invariant one, where any is: pins never take the others).
@@ -826,13 +840,20 @@ impl GemmBench<'_> {
                 .unwrap_or(prints.len());
             prints.push(print);
         }
-        let time = |c: &Algo, r: usize| -> Result<f64> {
+        let time = |c: &Algo, r: usize, expected_us: Option<f64>| -> Result<f64> {
             let a = sys::cublasLtMatmulAlgo_t { data: c.data };
-            let ms = tune::time_runs(self.ctx, self.stream, 1, 5, || run(&a, x.ptr, y.ptr, r))?;
+            let runs = runs_for(expected_us);
+            let ms = tune::time_runs(self.ctx, self.stream, 1, runs, || run(&a, x.ptr, y.ptr, r))?;
             Ok(ms * 1e3)
         };
         for c in &mut candidates {
-            c.us = rows.iter().map(|&r| time(c, r)).collect::<Result<_>>()?;
+            let mut us: Vec<f64> = Vec::with_capacity(rows.len());
+            for (k, &r) in rows.iter().enumerate() {
+                // Its time at the row count before, scaled by the rows: what this one should take.
+                let expected = k.checked_sub(1).map(|p| us[p] * r as f64 / rows[p] as f64);
+                us.push(time(c, r, expected)?);
+            }
+            c.us = us;
         }
         // Two more timings for those a stray slow first one could have misplaced; one far
         // behind keeps its first.
@@ -841,7 +862,7 @@ impl GemmBench<'_> {
             let us: Vec<f64> = candidates.iter().map(|c| c.us[at]).collect();
             for i in contenders(&us, &invariant) {
                 for _ in 0..2 {
-                    let t = time(&candidates[i], r)?;
+                    let t = time(&candidates[i], r, Some(candidates[i].us[at]))?;
                     candidates[i].us[at] = candidates[i].us[at].min(t);
                 }
             }
@@ -1035,6 +1056,21 @@ mod tests {
         // With no invariant candidate at all, the fastest of all sets it.
         assert_eq!(contenders(&us, &[false; 5]), vec![3]);
         assert_eq!(contenders(&[5.0], &[true]), vec![0]);
+    }
+
+    #[test]
+    fn a_timing_runs_a_long_gemm_fewer_times() {
+        // Nothing known (a shape's first row count): five runs; a GEMM of tens or hundreds of
+        // microseconds still five; then as many as take about 2 ms, at least one.
+        assert_eq!(runs_for(None), RUNS);
+        assert_eq!(runs_for(Some(63.0)), 5);
+        assert_eq!(runs_for(Some(450.0)), 5);
+        assert_eq!(runs_for(Some(800.0)), 3);
+        assert_eq!(runs_for(Some(2244.0)), 1);
+        assert_eq!(runs_for(Some(9318.0)), 1);
+        // A nonsense estimate never asks for more than five or fewer than one.
+        assert_eq!(runs_for(Some(0.0)), 5);
+        assert_eq!(runs_for(Some(f64::INFINITY)), 1);
     }
 
     #[test]
