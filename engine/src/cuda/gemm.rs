@@ -32,7 +32,9 @@
 //! count, and twice more there if its first timing is within [`RETIME`] of the fastest invariant
 //! one's (each keeps its best, so a stray slow timing does not decide; one far behind costs the
 //! load no more time). A timing averages up to five runs, fewer where the GEMM is expected (from
-//! its time at the row count before) to take milliseconds ([`runs_for`]).
+//! its time at the row count before) to take milliseconds ([`runs_for`]); a candidate's row
+//! counts are timed smallest first, warmed up once, and the GEMM over the largest, timed last,
+//! is the one its check and print read.
 //! What pinning costs, per row count, is in `ready.features.gemm_tuning`. Cached beside the GEMV
 //! tuning (tune.rs), keyed by cuBLASLt's version, the shape, the pass and its rows; the opaque
 //! algorithm is stored as cuBLASLt gives it (it may be reused with the same cuBLASLt version).
@@ -772,7 +774,8 @@ impl GemmBench<'_> {
         let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
         let rows = pass.rows();
-        let max = *rows.iter().max().expect("rows are listed");
+        let max = *rows.last().expect("rows are listed");
+        debug_assert!(rows.windows(2).all(|w| w[0] < w[1]), "rows ascend");
         let ws = self.workspace.bytes;
         let mut candidates: Vec<Algo> = Vec::new();
         for &at in rows {
@@ -815,12 +818,28 @@ impl GemmBench<'_> {
             buf.read_at(row * out, &mut v, self.stream)?;
             Ok(v.into_iter().map(f32::to_bits).collect())
         };
-        // Each candidate's bits in the rows read of its GEMM over `max` rows (the last 8 too, a
-        // partial tile where any is): equal prints, twins.
+        let time = |c: &Algo, r: usize, warm: usize, expected_us: Option<f64>| -> Result<f64> {
+            let a = sys::cublasLtMatmulAlgo_t { data: c.data };
+            let runs = runs_for(expected_us);
+            let ms = tune::time_runs(self.ctx, self.stream, warm, runs, || {
+                run(&a, x.ptr, y.ptr, r)
+            })?;
+            Ok(ms * 1e3)
+        };
+        // Each candidate is timed at each row count, smallest first, warmed up before the first
+        // only (each count's runs warm the next's); the last, over `max` rows, leaves its output
+        // in `y`, whose rows read (the last 8 too, a partial tile where any is) are its print:
+        // equal prints, twins.
         let mut prints: Vec<Vec<u32>> = Vec::new();
         for c in &mut candidates {
+            let mut us: Vec<f64> = Vec::with_capacity(rows.len());
+            for (k, &r) in rows.iter().enumerate() {
+                // Its time at the row count before, scaled by the rows: what this one should take.
+                let expected = k.checked_sub(1).map(|p| us[p] * r as f64 / rows[p] as f64);
+                us.push(time(c, r, usize::from(k == 0), expected)?);
+            }
+            c.us = us;
             let a = sys::cublasLtMatmulAlgo_t { data: c.data };
-            run(&a, x.ptr, y.ptr, max)?;
             let mut same = true;
             let n = 8.min(max);
             let mut print = read(&y, max - n, n)?;
@@ -840,21 +859,6 @@ impl GemmBench<'_> {
                 .unwrap_or(prints.len());
             prints.push(print);
         }
-        let time = |c: &Algo, r: usize, expected_us: Option<f64>| -> Result<f64> {
-            let a = sys::cublasLtMatmulAlgo_t { data: c.data };
-            let runs = runs_for(expected_us);
-            let ms = tune::time_runs(self.ctx, self.stream, 1, runs, || run(&a, x.ptr, y.ptr, r))?;
-            Ok(ms * 1e3)
-        };
-        for c in &mut candidates {
-            let mut us: Vec<f64> = Vec::with_capacity(rows.len());
-            for (k, &r) in rows.iter().enumerate() {
-                // Its time at the row count before, scaled by the rows: what this one should take.
-                let expected = k.checked_sub(1).map(|p| us[p] * r as f64 / rows[p] as f64);
-                us.push(time(c, r, expected)?);
-            }
-            c.us = us;
-        }
         // Two more timings for those a stray slow first one could have misplaced; one far
         // behind keeps its first.
         let invariant: Vec<bool> = candidates.iter().map(|c| c.invariant).collect();
@@ -862,7 +866,7 @@ impl GemmBench<'_> {
             let us: Vec<f64> = candidates.iter().map(|c| c.us[at]).collect();
             for i in contenders(&us, &invariant) {
                 for _ in 0..2 {
-                    let t = time(&candidates[i], r, Some(candidates[i].us[at]))?;
+                    let t = time(&candidates[i], r, 1, Some(candidates[i].us[at]))?;
                     candidates[i].us[at] = candidates[i].us[at].min(t);
                 }
             }
