@@ -281,8 +281,9 @@ pub struct Kernels {
 /// goes on with what needs none of them (the weights' upload, cuBLASLt's GEMM tuning).
 pub struct Compiling {
     arch: String,
-    driver: i32,
-    faults: Vec<&'static str>,
+    /// [`cache_key`] and [`device_key`] of this arch, driver and faults, for the provenance.
+    cache_key: String,
+    device_key: String,
     paths: Vec<Option<PathBuf>>,
     cubins: std::thread::JoinHandle<Result<Cubins>>,
 }
@@ -349,28 +350,28 @@ fn start_in(dir: Option<PathBuf>, arch: &str, driver: i32, faults: &[&'static st
     });
     Compiling {
         arch: arch.to_string(),
-        driver,
-        faults: faults.to_vec(),
+        cache_key: cache_key(arch, driver, faults),
+        device_key: device_key(arch, driver),
         paths,
         cubins,
     }
 }
 
+/// The compile thread's cubins, once it is done.
+fn join(cubins: std::thread::JoinHandle<Result<Cubins>>) -> Result<Cubins> {
+    cubins.join().expect("the NVRTC compile thread panicked")
+}
+
 impl Compiling {
     #[cfg(test)]
     fn wait(self) -> Result<Cubins> {
-        self.cubins
-            .join()
-            .expect("the NVRTC compile thread panicked")
+        join(self.cubins)
     }
 
     /// Waits for the cubins and loads them into `ctx`, one module a unit.
     pub fn finish(self, ctx: &Arc<CudaContext>) -> Result<(Kernels, Provenance)> {
         let waited = std::time::Instant::now();
-        let done = self
-            .cubins
-            .join()
-            .expect("the NVRTC compile thread panicked")?;
+        let done = join(self.cubins)?;
         let wait_s = waited.elapsed().as_secs_f64();
         let modules = done
             .cubins
@@ -391,9 +392,9 @@ impl Compiling {
         Ok((
             Kernels { modules },
             Provenance {
-                arch: self.arch.clone(),
-                cache_key: cache_key(&self.arch, self.driver, &self.faults),
-                device_key: device_key(&self.arch, self.driver),
+                arch: self.arch,
+                cache_key: self.cache_key,
+                device_key: self.device_key,
                 from_cache: done.compiled == 0,
                 units_compiled: done.compiled,
                 compile_s: done.seconds,
