@@ -191,25 +191,26 @@ mod tests {
         let other = rules(&u, &u.config.golden[0], &g, &leg("engine", "cuda"));
         assert_eq!(other.verified(), vec![1, 8]);
         // A golden marked exact is no leg's own: its exact rows are held exact, nothing verified.
-        let (u, g) = (unit(true), golden());
-        let marked = rules(&u, &u.config.golden[0], &g, &leg("oracle", "vllm"));
-        assert_eq!(
-            (marked.exact.clone(), marked.verified()),
-            (vec![1, 8], vec![])
+        let marked = unit(true);
+        let r = rules(
+            &marked,
+            &marked.config.golden[0],
+            &g,
+            &leg("oracle", "vllm"),
         );
+        assert_eq!((r.exact.clone(), r.verified()), (vec![1, 8], vec![]));
+        // The run's plan asks for the same.
         let goldens = BTreeMap::from([(PathBuf::from("g.json"), g)]);
         let prompts = vec![Prompt {
             id: "p0".into(),
             tokens: vec![9],
         }];
-        let (u, g) = (unit(false), golden());
-        let goldens_own = BTreeMap::from([(PathBuf::from("g.json"), g)]);
         assert_eq!(
-            verify_plan(&u, &goldens_own, &prompts, &leg("oracle", "vllm")).batches,
+            verify_plan(&u, &goldens, &prompts, &leg("oracle", "vllm")).batches,
             vec![1, 8]
         );
         assert!(
-            verify_plan(&unit(true), &goldens, &prompts, &leg("oracle", "vllm"))
+            verify_plan(&marked, &goldens, &prompts, &leg("oracle", "vllm"))
                 .batches
                 .is_empty()
         );
