@@ -392,7 +392,9 @@ extern "C" __global__ void __maxnreg__(80)
 // (docs/ENGINE.md, session 27); but its 69 KiB of shared memory a block (on the 8B's heads) ask
 // the multiprocessors for another split of L1, which the GEMV path's kernels then ask back,
 // draining the SMs each time: Nemotron-H-8B's batch-1 token took 12% longer with it. The cuBLAS
-// path, whose GEMMs take large shared memory themselves, runs it.
+// path, whose GEMMs take large shared memory themselves, runs it, and launches it without PDL
+// (ops.rs): resident early, its blocks held the kernels before it back (the batch-8 step 1.2-1.6%
+// shorter without, docs/ENGINE.md, session 32), so its pdl_wait is then a no-op.
 //
 // A stage (plan.rs mamba_step_stage_floats): the state [N][hd], then x [hd], B [N], C [N], dt,
 // the row's position (an int's bits), A, D and dt_bias of the head, rounded up to whole float4s.

@@ -310,21 +310,28 @@ impl CudaBackend {
             // One row a segment: a block an item (segment, head), or the persistent grid.
             let threads = plan::mamba_ssm_threads(hy, false);
             let items = hy.num_heads * m.segments;
-            let (f, grid, smem) = if m.staged_step {
+            // The staged step is launched without PDL: launched early, its persistent blocks
+            // (69 KiB of shared memory each on the 8B) wait beside the in_proj GEMM and the conv
+            // for the whole GPU; after them it is faster (the cuBLAS path's batch-8 step of
+            // Nemotron-H-8B 1.2-1.6% shorter on an H100, docs/ENGINE.md session 32). The block-an-item
+            // step of the GEMV path measured the same either way and keeps it.
+            let (f, grid, smem, pdl) = if m.staged_step {
                 let blocks = self.f.mamba_step_blocks.min(items) as u32;
                 (
                     &self.f.mamba_ssm_step_staged,
                     (blocks, 1, 1),
                     plan::mamba_step_smem_bytes(hy),
+                    false,
                 )
             } else {
                 (
                     &self.f.mamba_ssm_step,
                     (hy.num_heads as u32, m.segments as u32, 1),
                     0,
+                    self.pdl,
                 )
             };
-            launch!(f, &self.stream, self.pdl, grid, threads, smem;
+            launch!(f, &self.stream, pdl, grid, threads, smem;
                 m.zxbcdt, m.xbc, m.starts, i(m.segments), i(in_dim), i(inner), i(conv_dim),
                 i(hy.num_heads), i(hy.head_dim), i(hy.d_state), i(hy.n_groups), i(split), w.dt_bias.ptr,
                 w.a.ptr, w.d.ptr, self.ssm_state[w.state].ptr, m.slots, m.positions, dt_min, m.y)?;
