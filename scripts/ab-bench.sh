@@ -7,7 +7,9 @@
 # MODELS  comma-separated: a directory with config.json, or a scripts/make-checkpoint.py model
 #         name (its random-weight checkpoint is made under --ckpt unless it is there already).
 # BUILDS  comma-separated directories, each holding an `engine` binary (scripts/stage-gpu.sh's
-#         .gpu, or a copy of another commit's); a build's label is its directory's name.
+#         .gpu, or a copy of another commit's); a build's label is its directory's name. The
+#         `engine` may be a two-line script that sets a switch and execs a binary, so that one
+#         build's settings (ENGINE_NO_PDL, a throwaway build's experiment) run as builds of their own.
 # --rounds  the builds' order is run N times over (A B A B for 2), so that drift over a call
 #           shows as a difference between rounds rather than between builds (default 1).
 # --out   where each run's JSON and stderr go (default .gpu-run/ab-<UTC stamp>).
