@@ -393,7 +393,7 @@ extern "C" __global__ void __maxnreg__(80)
 // the multiprocessors for another split of L1, which the GEMV path's kernels then ask back,
 // draining the SMs each time: Nemotron-H-8B's batch-1 token took 12% longer with it. The cuBLAS
 // path, whose GEMMs take large shared memory themselves, runs it, and launches it without PDL
-// (ops.rs): resident early, its blocks held the kernels before it back (the batch-8 step 1.2-1.6%
+// (ops.rs): resident early, its blocks held the kernels before it back (the batch-8 step 1.2-1.9%
 // shorter without, docs/ENGINE.md, session 32), so its pdl_wait is then a no-op.
 //
 // A stage (plan.rs mamba_step_stage_floats): the state [N][hd], then x [hd], B [N], C [N], dt,

@@ -313,8 +313,8 @@ impl CudaBackend {
             // The staged step is launched without PDL: launched early, its persistent blocks
             // (69 KiB of shared memory each on the 8B) wait beside the in_proj GEMM and the conv
             // for the whole GPU; after them it is faster (the cuBLAS path's batch-8 step of
-            // Nemotron-H-8B 1.2-1.6% shorter on an H100, docs/ENGINE.md session 32). The block-an-item
-            // step of the GEMV path measured the same either way and keeps it.
+            // Nemotron-H-8B 1.2-1.9% shorter on three H100s, docs/ENGINE.md session 32). The
+            // block-an-item step of the GEMV path measured the same either way and keeps it.
             let (f, grid, smem, pdl) = if m.staged_step {
                 let blocks = self.f.mamba_step_blocks.min(items) as u32;
                 (
