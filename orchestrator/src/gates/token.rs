@@ -93,8 +93,8 @@ fn batch_list(b: &[u32]) -> String {
 struct Judged {
     file: PathBuf,
     exact: Option<(TokenTally, String)>,
-    /// Where the golden is the leg's own: the teacher-forced tally at the exact batch sizes,
-    /// which decides where the exact match fails.
+    /// Where the golden is the leg's own and its rows there do not match it exactly: the
+    /// teacher-forced tally at the exact batch sizes, which then decides them.
     own_forced: Option<ForcedTally>,
     forced: Option<ForcedTally>,
     /// The free-running tally at the teacher-forced batch sizes (information only).
@@ -122,7 +122,7 @@ impl Judged {
             } else {
                 String::new()
             };
-            match self.own_forced.as_ref().filter(|_| !t.passed()) {
+            match &self.own_forced {
                 Some(f) => parts.push(format!(
                     "{}{at} (exact: {because}), not its own golden's tokens bit for bit (first divergences: {}), so judged as another implementation is: {}",
                     t.summary(),
@@ -267,14 +267,15 @@ fn judge_tallies(input: &GateInput, rec: &LegRecord, file: PathBuf, golden: &Gol
             },
         )
     };
+    let exact = (!rules.exact.is_empty()).then(|| exact::tally(rec, ids, golden, n, &rules.exact));
+    // Rows that match their own golden need no teacher-forced judgement; only rows off it get one.
+    let own_forced = exact
+        .as_ref()
+        .filter(|t| rules.own && !t.passed())
+        .map(|_| forced_at(&rules.exact));
     Judged {
-        exact: (!rules.exact.is_empty()).then(|| {
-            (
-                exact::tally(rec, ids, golden, n, &rules.exact),
-                rules.exact_because.clone().unwrap_or_default(),
-            )
-        }),
-        own_forced: (rules.own && !rules.exact.is_empty()).then(|| forced_at(&rules.exact)),
+        exact: exact.map(|t| (t, rules.exact_because.clone().unwrap_or_default())),
+        own_forced,
         forced: (!rules.forced.is_empty()).then(|| forced_at(&rules.forced)),
         free: exact::tally(rec, ids, golden, n, &rules.forced),
         free_all_batches: rule::battery_batches(unit),
