@@ -718,3 +718,77 @@ fn prefill_conv_timed() {
         );
     }
 }
+
+/// The chunked prefill scan (`mamba_ssd`) timed (ignored: a measurement, run by hand on the GPU
+/// box with `--ignored --nocapture`) on [`ConvPass`]'s 2,712 rows, the conv run once before it. Each
+/// name in `SSD_VARIANTS` (comma-separated; `base`, the default, is the kernel as built) is compiled
+/// as a `-D` define of the Mamba unit, so one call times a kernel's variants side by side; each
+/// prints its time and its outputs' largest difference from the first's over their largest.
+#[test]
+#[ignore]
+fn prefill_ssd_timed() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let pass = ConvPass::new(true);
+    pass.outputs(
+        &stream,
+        &kernels::function(&module, "mamba_conv").unwrap(),
+        plan::MAMBA_CONV_ROWS,
+        128,
+    );
+    let (major, minor) = ctx.compute_capability().unwrap();
+    let arch = format!("sm_{major}{minor}");
+    let unit = kernels::UNITS
+        .iter()
+        .find(|u| u.files.contains(&"mamba_ssd.cu"))
+        .unwrap();
+    let m = &pass.mx.m;
+    let (inner, conv_dim, in_dim, _) = pass.mx.widths();
+    let rows: usize = pass.lens.iter().sum();
+    let smem = plan::mamba_ssd_smem_bytes();
+    let variants = std::env::var("SSD_VARIANTS").unwrap_or_else(|_| "base".into());
+    let mut first: Option<Vec<f32>> = None;
+    for v in variants.split(',') {
+        let defines: Vec<&str> = if v == "base" { vec![] } else { vec![v] };
+        let cubin = kernels::compile(unit, &arch, &defines).unwrap();
+        let md = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .unwrap();
+        let f = md.load_function("mamba_ssd").unwrap();
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .unwrap();
+        let i = |v: usize| v as i32;
+        let (r, dev) = (&pass.run, &pass.mx.dev);
+        let split = plan::mamba_ssm_split(m.d_state).unwrap();
+        let run = || {
+            launch!(&f, &stream, false, (m.num_heads as u32, pass.lens.len() as u32, 1),
+                plan::MAMBA_SSD_THREADS, smem;
+                pass.zx.ptr, r.xbc.ptr, pass.starts.ptr, i(in_dim), i(inner), i(conv_dim), i(m.num_heads),
+                i(m.head_dim), i(m.d_state), i(m.n_groups), i(split), 0i32, dev[2].ptr, dev[3].ptr,
+                dev[4].ptr, r.ssm_state.ptr, pass.slots.ptr, pass.positions.ptr, 0.001f32, r.y.ptr)
+        };
+        let ms = super::tune::time_runs(&ctx, &stream, 3, 20, run).unwrap();
+        let mut y = vec![0f32; rows * inner];
+        r.y.read(&mut y, &stream).unwrap();
+        let worst = match &first {
+            None => 0.0,
+            Some(y0) => {
+                let scale = y0.iter().fold(0f32, |s, v| s.max(v.abs()));
+                let diff = y0.iter().zip(&y).map(|(a, b)| (a - b).abs());
+                diff.fold(0f32, f32::max) / scale
+            }
+        };
+        println!(
+            "mamba_ssd {v}: {rows} rows, {:.1} us; outputs {worst:.2e} of the first's largest",
+            ms * 1e3
+        );
+        if first.is_none() {
+            first = Some(y);
+        }
+    }
+}
