@@ -28,9 +28,9 @@
 // as a fragment's k and k + 4, C's columns paired to match), so the state never passes through
 // shared memory. The chunk's rows are two tiles of 16 for C . B and y, four warps a tile.
 // While a chunk is computed, the next chunk's B, C, x and dt arrive by cp.async in the other of
-// two stages; a chunk is three barriers: its inputs have arrived (and the chunk before is done
-// with the shared arrays), B and C are rounded to tf32 in place (each value once, not at each of
-// its eight reads as fragments), and C . B and the state's share of y are in shared memory.
+// two stages, B and C rounded to tf32 by the thread that copied them; a chunk is two barriers:
+// its inputs have arrived (and the chunk before is done with the shared arrays), and C . B and
+// the state's share of y are in shared memory.
 // Issue-bound before that rounding and before the 8B's shape was a constant (FULL): 2,500
 // instructions a warp a chunk for about 80 mma (Nsight Compute on an H100, docs/ENGINE.md
 // session 33).
@@ -45,6 +45,7 @@
 static_assert(MAMBA_SSD_ROWS == 32, "a chunk's row a lane: dt's running sum is one warp scan");
 static_assert(MAMBA_SSD_N == 128, "two halves of 64 state values, four warps each");
 static_assert(MAMBA_SSD_HD == 64, "four tiles of 16 channels; a row tile's y four warps of 16 channels");
+static_assert(MAMBA_SSD_N == 4 * 32 && MAMBA_SSD_HD == 4 * 16, "FULL's staging: a lane's four values of a row");
 
 #define SSD_THREADS 256
 #define SSD_BS (MAMBA_SSD_N + 8)
@@ -62,6 +63,14 @@ __device__ __forceinline__ unsigned tf32_of(float v) {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
     return r;
+}
+
+// Four floats of shared memory rounded by tf32_of in place.
+__device__ __forceinline__ void round4(float* p) {
+    float4 v = *reinterpret_cast<float4*>(p);
+    v.x = __uint_as_float(tf32_of(v.x)), v.y = __uint_as_float(tf32_of(v.y));
+    v.z = __uint_as_float(tf32_of(v.z)), v.w = __uint_as_float(tf32_of(v.w));
+    *reinterpret_cast<float4*>(p) = v;
 }
 
 // A value of shared memory that was already rounded by tf32_of (B, C and the decayed C . B of a
@@ -143,12 +152,29 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
     for (int e = threadIdx.x; e < total; e += SSD_THREADS) sm[e] = 0.0f;
     __syncthreads();
     const size_t b_off = inner + (size_t)g * N, c_off = inner + (size_t)(groups + g) * N;
-    const bool vec = ((conv_dim | inner | N | HD) & 3) == 0;
+    const bool vec = FULL || ((conv_dim | inner | N | HD) & 3) == 0;
     // Stages B, C, x and dt of rows t0 .. t0 + nt into `buf`; rows past nt are zeros (dt's are
-    // never read). One cp.async group a thread.
+    // never read). One cp.async group a thread. B and C are rounded to tf32 as they land (`own`),
+    // once for the three products that read them (C . B, y's state term, the state's update)
+    // rather than at each of a value's eight reads as a fragment.
     auto stage = [&](int t0, int nt, float* buf) {
         float *bs = buf, *cs = bs + L * SSD_BS, *xs = cs + L * SSD_BS, *dr = xs + L * SSD_XS;
-        if (vec) {
+        if (FULL) {
+            // A warp a row of B and of C (a lane's four values), rows warp, warp + 8, ...; x two
+            // rows a warp.
+#pragma unroll
+            for (int i = 0; i < L / 8; i++) {
+                const int j = warp + 8 * i;
+                const float* row = xbc + (size_t)(t0 + min(j, nt - 1)) * conv_dim;
+                cp_async16(bs + j * SSD_BS + 4 * lane, row + b_off + 4 * lane, j < nt);
+                cp_async16(cs + j * SSD_BS + 4 * lane, row + c_off + 4 * lane, j < nt);
+            }
+#pragma unroll
+            for (int i = 0; i < L / 16; i++) {
+                const int j = 2 * warp + lane / 16 + 16 * i, c = 4 * (lane % 16);
+                cp_async16(xs + j * SSD_XS + c, xbc + (size_t)(t0 + min(j, nt - 1)) * conv_dim + h * HD + c, j < nt);
+            }
+        } else if (vec) {
             const int q4 = N / 4, x4 = HD / 4;
 #pragma unroll 1
             for (int e = threadIdx.x; e < L * q4; e += SSD_THREADS) {
@@ -166,8 +192,8 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
             for (int e = threadIdx.x; e < L * N; e += SSD_THREADS) {
                 const int j = e / N, c = e % N;
                 const float* row = xbc + (size_t)(t0 + j) * conv_dim;
-                bs[j * SSD_BS + c] = j < nt ? row[b_off + c] : 0.0f;
-                cs[j * SSD_BS + c] = j < nt ? row[c_off + c] : 0.0f;
+                bs[j * SSD_BS + c] = j < nt ? __uint_as_float(tf32_of(row[b_off + c])) : 0.0f;
+                cs[j * SSD_BS + c] = j < nt ? __uint_as_float(tf32_of(row[c_off + c])) : 0.0f;
             }
             for (int e = threadIdx.x; e < L * HD; e += SSD_THREADS) {
                 const int j = e / HD, c = e % HD;
@@ -178,6 +204,27 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
             cp_async4(dr + j, zxbcdt + (size_t)(t0 + j) * in_dim + inner + conv_dim + h);
         cp_async_commit();
     };
+    // Rounds the B and C values this thread's cp.async brought into `buf`, once they have landed:
+    // a thread's own copies are visible to it after its wait, so the next barrier publishes them
+    // rounded, with no barrier of their own.
+    auto own = [&](float* buf) {
+        if (FULL) {
+#pragma unroll
+            for (int i = 0; i < L / 8; i++) {
+                const int j = warp + 8 * i;
+                round4(buf + j * SSD_BS + 4 * lane);
+                round4(buf + L * SSD_BS + j * SSD_BS + 4 * lane);
+            }
+        } else if (vec) {
+            const int q4 = N / 4;
+#pragma unroll 1
+            for (int e = threadIdx.x; e < L * q4; e += SSD_THREADS) {
+                const int j = e / q4, c = 4 * (e % q4);
+                round4(buf + j * SSD_BS + c);
+                round4(buf + L * SSD_BS + j * SSD_BS + c);
+            }
+        }
+    };
     // C . B and y: row tile m (rows t_a, t_b), columns 8 part .. + 8 of C . B and channels
     // 16 part .. + 16 of y.
     const int m = warp % 2, part = warp / 2, t_a = 16 * m + gq, t_b = t_a + 8, s0 = 8 * part;
@@ -186,23 +233,13 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
     stage(t0, nt, sm);
     for (int k = 0; t0 < r1; k++) {
         cp_async_wait<0>();
+        own(sm + (k & 1) * SSD_STAGE);
         // This chunk's inputs are everyone's, and the chunk before is done with ms and ys.
         __syncthreads();
         const int t1 = t0 + nt, nt1 = min(L, r1 - t1);
         if (t1 < r1) stage(t1, nt1, sm + ((k + 1) & 1) * SSD_STAGE);
-        float* bs = sm + (k & 1) * SSD_STAGE;
+        const float* bs = sm + (k & 1) * SSD_STAGE;
         const float *cs = bs + L * SSD_BS, *xs = cs + L * SSD_BS, *dr = xs + L * SSD_XS;
-        // B and C rounded to tf32 in place, once for the three products that read them (C . B, y's
-        // state term, the state's update) rather than at each of a value's eight uses.
-        {
-            float4* bc = reinterpret_cast<float4*>(bs);
-            for (int e = threadIdx.x; e < 2 * L * SSD_BS / 4; e += SSD_THREADS) {
-                float4 v = bc[e];
-                v.x = __uint_as_float(tf32_of(v.x)), v.y = __uint_as_float(tf32_of(v.y));
-                v.z = __uint_as_float(tf32_of(v.z)), v.w = __uint_as_float(tf32_of(v.w));
-                bc[e] = v;
-            }
-        }
         // dt, its running sum of dt A (a row a lane), the state update's weights
         // w_s = exp(cum_last - cum_s) dt_s and the state's decay, in every warp.
         const float dv = lane < nt ? ssm_dt(dr[lane], dtb, dt_min) : 0.0f;
@@ -214,8 +251,6 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
         }
         const float last = __shfl_sync(0xffffffffu, cum, nt - 1);
         const float wv = lane < nt ? dv * expf(last - cum) : 0.0f;
-        // B and C are rounded.
-        __syncthreads();
         // C . B for this warp's rows and columns, where any column is at or before its last row.
         if (s0 <= 16 * m + 15) {
             float gacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -330,7 +365,7 @@ __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
 
 extern "C" __global__ void __launch_bounds__(SSD_THREADS, 2) mamba_ssd(MAMBA_SSM_PARAMS) {
     pdl_launch_dependents();
-    if (n_state == MAMBA_SSD_N && hd == MAMBA_SSD_HD)
+    if (n_state == MAMBA_SSD_N && hd == MAMBA_SSD_HD && ((conv_dim | inner) & 3) == 0)
         ssd_body<true>(zxbcdt, xbc, starts, in_dim, inner, conv_dim, heads, hd, n_state, groups, split, tile, dt_bias,
                        a, d, ssm_state, slots, positions, dt_min, y);
     else
