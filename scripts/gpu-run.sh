@@ -35,7 +35,8 @@
 #             caller with a wall-clock limit (a GPU lease's 600 s a call) gets the summary and
 #             tree.tgz of the units that finished instead of a unit killed half-way: the summary
 #             names the units not started and the --units value that runs them. A unit takes
-#             about 1.5 (tiny) to 4 (8B, vLLM's load included) minutes on an H200.
+#             about 1.5 (tiny) to 4 (8B, vLLM's load included) minutes on an H200; on an H100 with
+#             both legs cold, 3.5 (tiny-trained-h) and 5 (nemotron-h-8b).
 #
 # The orchestrator records the tree of the files it ran (tracked, and untracked ones git does not
 # ignore, less reports/), whatever HEAD names; the log says when the two differ. A plain copy of
@@ -46,7 +47,8 @@
 #
 # What a call made that belongs in the repository (records, goldens, checkpoint.sha256,
 # BENCHMARKS.md and charts) is also copied under OUT/tree/ at its path in the repository, and packed
-# into OUT/tree.tgz.
+# into OUT/tree.tgz, again each time a step adds to it: a call killed by its wall-clock limit
+# half-way through a unit still leaves the records of the units before it in OUT/tree.tgz.
 #
 # Exit status: 0 every step ran and every run passed every gate; 1 every step ran, but some
 # record holds refusals (or report rejected a file); 2 a step failed (its log is named); 3 no step
@@ -187,6 +189,13 @@ collect() {
         [ -f "$root/$rel" ] || continue
         mkdir -p "$out/tree/$(dirname "$rel")" && cp -p "$root/$rel" "$out/tree/$rel"
     done
+    pack_tree
+}
+# $out/tree as one file, replaced whole: a transfer that keeps only a few files, or shallow paths,
+# still gets them, and a call killed later keeps what was packed here.
+pack_tree() {
+    [ -d "$out/tree" ] || return 0
+    tar czf "$out/tree.tgz.part" -C "$out" tree && mv -f "$out/tree.tgz.part" "$out/tree.tgz"
 }
 
 step_checkpoint() {
@@ -293,8 +302,7 @@ for u in "${units[@]}"; do
         grep -E '^- (clock:|engine:|oracle:|so |before the|pass|not applicable|\*\*REFUSED)' | sed 's/^/   /'
 done
 if [ -d "$out/tree" ]; then
-    # Also as one file: a transfer that keeps only a few files, or shallow paths, still gets them.
-    tar czf "$out/tree.tgz" -C "$out" tree
+    pack_tree
     echo "-- to keep: $out/tree/ (and $out/tree.tgz) holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository; tar xzf --strip-components 1 at the repository root restores them"
 fi
 if [ ${#left[@]} -gt 0 ]; then

@@ -76,3 +76,44 @@ def test_each_run_starts_both_legs_on_empty_caches_of_its_own_and_removes_them(b
     assert all(not os.path.exists(d) for d in dirs), "a run's caches outlived it"
     home = os.path.expanduser("~")
     assert not any(d.startswith(os.path.join(home, ".cache")) for d in dirs)
+
+
+def test_a_call_killed_in_a_later_unit_keeps_the_records_of_the_units_before_it(tmp_path):
+    """A GPU lease kills its command at a wall-clock limit; the records a unit wrote before
+    that must come back in OUT/tree.tgz, which used to be packed only at the very end."""
+    if not ENGINE.exists():
+        pytest.skip("target/release/engine is not built (scripts/test builds it)")
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "engine").symlink_to(ENGINE)
+    tag = f"gpu-run-test-{os.getpid()}"
+    # The first unit writes a record and prints its table's path, as `orchestrator run` does;
+    # the second hangs until the call is killed.
+    (d / "orchestrator").write_text(
+        '#!/bin/sh\nu=$(basename "$(dirname "$2")")\n'
+        '[ "$u" = tiny-qwen3 ] && exec sleep 30\n'
+        f'f="$PWD/reports/records/$u/{tag}"; mkdir -p "$(dirname "$f")"\n'
+        'echo table >"$f.md"; echo "{}" >"$f.json"; echo "table:  $f.md"; exit 1\n')
+    (d / "orchestrator").chmod(0o755)
+    out = tmp_path / "out"
+    made = [ROOT / "reports" / "records" / "tiny-llama" / f"{tag}.{ext}" for ext in ("md", "json")]
+    had_dir = made[0].parent.exists()
+    try:
+        r = subprocess.run(
+            ["timeout", "-s", "KILL", "8", "bash", str(SCRIPT), "--steps", "run",
+             "--units", "tiny-llama,tiny-qwen3", "--out", str(out), "--bin", str(d),
+             "--python", sys.executable],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        # Killed: 137, or -9 where `timeout` went down with its command's process group.
+        assert r.returncode in (137, -9), r.stdout + r.stderr
+        assert "== summary" not in r.stdout, "the call was to be killed before its end"
+        listed = subprocess.run(["tar", "tzf", str(out / "tree.tgz")], capture_output=True,
+                                text=True, check=True).stdout.split()
+        assert f"tree/reports/records/tiny-llama/{tag}.md" in listed, listed
+        assert f"tree/reports/records/tiny-llama/{tag}.json" in listed, listed
+        assert not (out / "tree.tgz.part").exists()
+    finally:
+        for f in made:
+            f.unlink(missing_ok=True)
+        if not had_dir and made[0].parent.exists():
+            made[0].parent.rmdir()
