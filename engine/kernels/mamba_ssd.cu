@@ -117,8 +117,8 @@ __device__ __forceinline__ void b_frag_pair(unsigned (&f)[2], const float* m, in
 }
 
 // The kernel's body for heads of `hd` channels and `n_state` state values; FULL: exactly
-// MAMBA_SSD_HD and MAMBA_SSD_N (the 8B's), so every bound, index and guard is a constant (a
-// third of the instructions of the general form, which the smaller heads keep).
+// MAMBA_SSD_HD and MAMBA_SSD_N (the 8B's) with rows of whole float4s, so every bound, index and
+// guard is a constant; the general form (the tests' smaller heads) keeps them.
 template <bool FULL>
 __device__ __forceinline__ void ssd_body(MAMBA_SSM_PARAMS) {
     constexpr int L = MAMBA_SSD_ROWS, NH = MAMBA_SSD_N / 2, NT = NH / 8;
