@@ -302,7 +302,6 @@ for u in "${units[@]}"; do
         grep -E '^- (clock:|engine:|oracle:|so |before the|pass|not applicable|\*\*REFUSED)' | sed 's/^/   /'
 done
 if [ -d "$out/tree" ]; then
-    pack_tree
     echo "-- to keep: $out/tree/ (and $out/tree.tgz) holds this call's records, goldens, checksums and BENCHMARKS.md at their paths in the repository; tar xzf --strip-components 1 at the repository root restores them"
 fi
 if [ ${#left[@]} -gt 0 ]; then

@@ -531,7 +531,11 @@ pub(super) fn staged_function(
     name: &str,
     smem_bytes: u32,
 ) -> Result<CudaFunction> {
-    let f = kernels::function(module, name)?;
+    with_smem(kernels::function(module, name)?, smem_bytes)
+}
+
+/// `f`, allowed `smem_bytes` of dynamic shared memory.
+pub(super) fn with_smem(f: CudaFunction, smem_bytes: u32) -> Result<CudaFunction> {
     f.set_attribute(
         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem_bytes as i32,

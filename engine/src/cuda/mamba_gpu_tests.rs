@@ -243,14 +243,20 @@ fn launch_mixer(
     got
 }
 
-/// `got` within `tol` of the largest value of `want`.
-fn assert_within(want: &[f32], got: &[f32], tol: f32, what: &str) {
+/// The largest difference between `want` and `got`, and the largest value of `want`.
+fn worst_and_scale(want: &[f32], got: &[f32]) -> (f32, f32) {
     let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
     let worst = want
         .iter()
         .zip(got)
         .map(|(w, g)| (w - g).abs())
         .fold(0f32, f32::max);
+    (worst, scale)
+}
+
+/// `got` within `tol` of the largest value of `want`.
+fn assert_within(want: &[f32], got: &[f32], tol: f32, what: &str) {
+    let (worst, scale) = worst_and_scale(want, got);
     assert!(worst <= tol * scale, "{what}: {worst} of {scale}");
 }
 
@@ -751,6 +757,9 @@ fn prefill_ssd_timed() {
     let rows: usize = pass.lens.iter().sum();
     let smem = plan::mamba_ssd_smem_bytes();
     let variants = std::env::var("SSD_VARIANTS").unwrap_or_else(|_| "base".into());
+    let i = |v: usize| v as i32;
+    let (r, dev) = (&pass.run, &pass.mx.dev);
+    let split = plan::mamba_ssm_split(m.d_state).unwrap();
     let mut first: Option<Vec<f32>> = None;
     for v in variants.split(',') {
         let defines: Vec<&str> = if v == "base" { vec![] } else { vec![v] };
@@ -758,15 +767,7 @@ fn prefill_ssd_timed() {
         let md = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .unwrap();
-        let f = md.load_function("mamba_ssd").unwrap();
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .unwrap();
-        let i = |v: usize| v as i32;
-        let (r, dev) = (&pass.run, &pass.mx.dev);
-        let split = plan::mamba_ssm_split(m.d_state).unwrap();
+        let f = super::load::with_smem(md.load_function("mamba_ssd").unwrap(), smem).unwrap();
         let run = || {
             launch!(&f, &stream, false, (m.num_heads as u32, pass.lens.len() as u32, 1),
                 plan::MAMBA_SSD_THREADS, smem;
@@ -777,14 +778,10 @@ fn prefill_ssd_timed() {
         let ms = super::tune::time_runs(&ctx, &stream, 3, 20, run).unwrap();
         let mut y = vec![0f32; rows * inner];
         r.y.read(&mut y, &stream).unwrap();
-        let worst = match &first {
-            None => 0.0,
-            Some(y0) => {
-                let scale = y0.iter().fold(0f32, |s, v| s.max(v.abs()));
-                let diff = y0.iter().zip(&y).map(|(a, b)| (a - b).abs());
-                diff.fold(0f32, f32::max) / scale
-            }
-        };
+        let worst = first.as_ref().map_or(0.0, |y0| {
+            let (worst, scale) = worst_and_scale(y0, &y);
+            worst / scale
+        });
         println!(
             "mamba_ssd {v}: {rows} rows, {:.1} us; outputs {worst:.2e} of the first's largest",
             ms * 1e3
