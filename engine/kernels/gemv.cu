@@ -45,13 +45,26 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
+// An activation load: through the non-coherent path when the activations were written by an
+// earlier kernel (every launched GEMV); a plain load (COHERENT, in asm so that the compiler cannot
+// make it non-coherent for a const restrict pointer) when another block of the same kernel may
+// have written them after a barrier's acquire (a persistent step's later ops).
+template <bool COHERENT>
+__device__ __forceinline__ float4 load_act(const float4* p) {
+    if (!COHERENT) return __ldg(p);
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p)
+                 : "memory");
+    return v;
+}
+
 // x chunk c (8 values) of activation row b, times the norm gain when there is one.
-template <bool NORM>
+template <bool NORM, bool COHERENT = false>
 __device__ __forceinline__ void x_chunk(const float* __restrict__ xb, const bf16* __restrict__ gamma, int c,
                                         float4& a, float4& b) {
     const float4* p = reinterpret_cast<const float4*>(xb) + 2 * c;
-    a = __ldg(p);
-    b = __ldg(p + 1);
+    a = load_act<COHERENT>(p);
+    b = load_act<COHERENT>(p + 1);
     if (NORM) {
         const uint4 g = __ldg(reinterpret_cast<const uint4*>(gamma) + c);
         a.x *= bf_lo(g.x); a.y *= bf_hi(g.x); a.z *= bf_lo(g.y); a.w *= bf_hi(g.y);
@@ -173,7 +186,7 @@ __device__ __forceinline__ void gemv_argmax(const bf16* __restrict__ W, const fl
 // of the weight stream waits for it, so its reads are 16 bytes wide, two steps issued at once: a
 // few round trips to L2 rather than one per 256 values (cols % 8 == 0, rows 32-byte aligned). A
 // thread's share of row b is the same at every B.
-template <int B>
+template <int B, bool COHERENT = false>
 __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int ldx, int cols, float eps,
                                               float (&ssr)[GEMV_WARPS][B], float (&inv_s)[B]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -184,7 +197,7 @@ __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int l
     for (int k = threadIdx.x; k < cols / 4; k += blockDim.x) {
 #pragma unroll
         for (int b = 0; b < B; b++) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(x + (size_t)b * ldx) + k);
+            const float4 v = load_act<COHERENT>(reinterpret_cast<const float4*>(x + (size_t)b * ldx) + k);
             ss[b] = fmaf(v.x, v.x, ss[b]);
             ss[b] = fmaf(v.y, v.y, ss[b]);
             ss[b] = fmaf(v.z, v.z, ss[b]);
@@ -206,6 +219,21 @@ __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int l
     __syncthreads();
 }
 
+// Where a streaming GEMV's block stands: its index among the `count` blocks that walk the row
+// groups, and how it waits for whatever wrote its activations (`arrive` before its first weights
+// are issued, `wait` after). A launched GEMV is its own grid and waits for the kernel before it
+// under programmatic dependent launch.
+struct LaunchGrid {
+    static constexpr bool coherent = false;
+    __device__ __forceinline__ int block() const { return blockIdx.x; }
+    __device__ __forceinline__ int count() const { return gridDim.x; }
+    __device__ __forceinline__ void arrive() const {}
+    __device__ __forceinline__ void wait() const {
+        pdl_launch_dependents();
+        pdl_wait();
+    }
+};
+
 // Modes 1, 3, 4. G: 16-byte loads per lane per weight row per step (4 at batch 1; 2 at larger
 // batches, whose activation reads need the registers). VK = 2 (with ksplit 1): one warp sums a
 // row as two warps would with ksplit 2, the halves of K in two accumulators added at the end in
@@ -214,10 +242,11 @@ __device__ __forceinline__ void block_inv_rms(const float* __restrict__ x, int l
 // chunks fall to the same lanes as the two warps'. (It picks the accumulator per chunk; batch 8
 // on the 8B is 7.8% slower than with one slice: docs/ENGINE.md; moving the sum aside once at the
 // second half instead, without a branch per chunk, measured no faster.)
-template <int B, int MODE, int G, int VK = 1>
+template <int B, int MODE, int G, int VK = 1, class Grid = LaunchGrid>
 __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int ldx, int ldy,
-                                            int ksplit, const bf16* __restrict__ gamma, float eps) {
+                                            int ksplit, const bf16* __restrict__ gamma, float eps,
+                                            const Grid grid = Grid()) {
     constexpr int WARPS = GEMV_WARPS;
     constexpr bool NORM = MODE == 3 || MODE == 4 || MODE == 10;
     constexpr int NW = MODE == 4 ? 2 : 1;
@@ -232,15 +261,15 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     const int half = per / VK;
     const int nsteps = (per + 32 * G - 1) / (32 * G);
     const int ngroups = (rows + rpb - 1) / rpb;
-    const int stride = gridDim.x;
-    const int my_groups = (int)blockIdx.x < ngroups ? (ngroups - 1 - (int)blockIdx.x) / stride + 1 : 0;
+    const int stride = grid.count(), bid = grid.block();
+    const int my_groups = bid < ngroups ? (ngroups - 1 - bid) / stride + 1 : 0;
     const int T = my_groups * nsteps;
 
     uint4 cur[NW][G], nxt[NW][G];
     // Loads of step t (row group t / nsteps of this block, slice step t % nsteps) into `buf`;
     // chunks past the slice's end are skipped here and when summing.
     auto issue = [&](int t, uint4 (&buf)[NW][G]) {
-        const int g = blockIdx.x + (t / nsteps) * stride;
+        const int g = bid + (t / nsteps) * stride;
         const int row = g * rpb + warp / ksplit;
         if (row >= rows) return;
         const int c = c0 + (t % nsteps) * 32 * G + lane;
@@ -254,11 +283,11 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     };
     // The weights do not depend on the kernel before: the first step is issued before waiting
     // for it. (Issuing the second too costs registers, so occupancy: measured 10% slower.)
+    grid.arrive();
     if (T > 0) issue(0, cur);
-    pdl_launch_dependents();
-    pdl_wait();
+    grid.wait();
 
-    if (NORM) block_inv_rms<B>(x, ldx, cols, eps, ssr, inv_s);
+    if (NORM) block_inv_rms<B, Grid::coherent>(x, ldx, cols, eps, ssr, inv_s);
 
     float acc[VK][NW][B];
 #pragma unroll
@@ -271,7 +300,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
     for (int t = 0; t < T; t++) {
         if (t + 1 < T) issue(t + 1, nxt);
         const int gi = t / nsteps, s = t % nsteps;
-        const int g = blockIdx.x + gi * stride;
+        const int g = bid + gi * stride;
         const int row = g * rpb + warp / ksplit;
         const int c = c0 + s * 32 * G + lane;
         if (row < rows) {
@@ -283,7 +312,7 @@ __device__ __forceinline__ void gemv_stream(const bf16* __restrict__ W, const fl
 #pragma unroll
                     for (int b = 0; b < B; b++) {
                         float4 xa, xb;
-                        x_chunk<NORM>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
+                        x_chunk<NORM, Grid::coherent>(x + (size_t)b * ldx, gamma, c + 32 * u, xa, xb);
                         if (hi) {
 #pragma unroll
                             for (int r = 0; r < NW; r++) fma8(acc[VK - 1][r][b], cur[r][u], xa, xb);

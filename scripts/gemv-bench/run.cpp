@@ -9,7 +9,9 @@
 // On the GPU box (nvcc there):  nvcc -O2 -std=c++17 run.cpp -lcuda -o /tmp/gb
 //                               /tmp/gb kernels.cubin [filter | seq]
 // seq takes SEQ_MODEL (1b, 8b), SEQ_CTX (16, 64, 256, 1000) and SEQ_VARIANT (full, no_att, ...)
-// from the environment to run one part only.
+// from the environment to run one part only. SEQ_VARIANT=persistent: only the step's GEMVs, in one
+// persistent kernel with grid barriers (variants.cu step_persistent_*) against the same GEMVs
+// launched one by one, and the barriers alone (docs/ENGINE.md, session 36).
 // With the filter `att`: decode attention alone at batches 1, 8 and 32 over a paged cache, the
 // engine's attention.cu (a block per split) against its attention_batch.cu (tensor cores) at
 // splits of 256 (the engine's), 64 and 128 positions, each row's context 1,000 + 64 or 16 + 64
@@ -252,6 +254,92 @@ static void seq_bench() {
                     CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
                 }
             }
+        }
+        // The persistent step (variants.cu step_persistent_<barrier>) against the same GEMVs
+        // launched one by one in a graph with PDL (no attention, embedding, final norm or lm_head
+        // in either), each from the same x: its time, and whether it leaves the same bits in x, the
+        // residual stream after every layer; then each barrier alone, as many as the step has.
+        if (!getenv("SEQ_VARIANT") || strcmp(getenv("SEQ_VARIANT"), "persistent") == 0) {
+            const std::vector<Pick> picks = {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
+                                             {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}};
+            const int rows[4] = {qkvw, m.H, m.I, m.H}, cols[4] = {m.H, q, m.H, m.I};
+            CUdeviceptr x0, bar;
+            CK(cuMemAlloc(&x0, m.H * 4)); CK(cuMemAlloc(&bar, 4 * 32 * 10));  // variants.cu BAR_SUB + 2 lines
+            CK(cuMemcpyDtoD(x0, x, m.H * 4));
+            std::vector<float> want(m.H), got(m.H);
+            auto timed = [&](const char* label, const std::function<void()>& step, int grid) {
+                CUgraph gr; CUgraphExec ge;
+                CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+                step();
+                CK(cuStreamEndCapture(stream, &gr));
+                CK(cuGraphInstantiate(&ge, gr, 0));
+                CK(cuMemcpyDtoD(x, x0, m.H * 4));
+                CK(cuGraphLaunch(ge, stream)); CK(cuStreamSynchronize(stream));
+                const bool first = grid == 0;
+                CK(cuMemcpyDtoH(first ? want.data() : got.data(), x, m.H * 4));
+                const char* same = first ? "reference" : strstr(label, "none") ? "not checked"
+                                   : memcmp(want.data(), got.data(), m.H * 4) == 0 ? "yes" : "NO";
+                const int reps = 10;
+                float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
+                printf("persistent\t%s\t%s\tstep_us %.1f\tblocks %d\tsame_bits %s\n", m.name, label,
+                       ms * 1e3 / reps, grid, same);
+                fflush(stdout);
+                CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
+            };
+            timed("launched", [&] {
+                for (int l = 0; l < m.L; l++) {
+                    CUdeviceptr base = wpool + l * per_layer;
+                    CUdeviceptr w[4] = {base, base + wq, base + wq + wo, base + wq + wo + wgu};
+                    CUdeviceptr in[4] = {x, attn, x, act}, out[4] = {qkvb, x, act, x};
+                    for (int o = 0; o < 4; o++) {
+                        CUfunction f = fn(picks[o].kernel);
+                        int r = rows[o], c = cols[o], k = picks[o].ksplit; CUdeviceptr nul = 0;
+                        void* a[] = {&w[o], &in[o], &out[o], &r, &c, &c, &r, &k, &gamma, &eps, &nul};
+                        launch(f, stream_grid(f, rows[o], k), 256, a, true);
+                    }
+                }
+            }, 0);
+            for (const std::string name : {"step_persistent_none", "step_persistent_one", "step_persistent_flag",
+                                           "step_persistent_one_split", "step_persistent_flag_split",
+                                           "step_persistent_tree_split"}) {
+                CUfunction f = fn(name);
+                int occ = 0;
+                CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
+                const int grid = occ * sms;
+                int nb[4], ks[4];
+                for (int o = 0; o < 4; o++) {
+                    ks[o] = picks[o].ksplit;
+                    const int rpb = 8 / ks[o], groups = (rows[o] + rpb - 1) / rpb, rounds = (groups + grid - 1) / grid;
+                    nb[o] = (groups + rounds - 1) / rounds;
+                }
+                unsigned long long pl = per_layer; int L = m.L, H = m.H, qw = qkvw, qq = q, I = m.I;
+                void* a[] = {&wpool, &pl, &L, &H, &qw, &qq, &I, &x, &qkvb, &attn, &act, &gamma, &eps,
+                             &ks[0], &ks[1], &ks[2], &ks[3], &nb[0], &nb[1], &nb[2], &nb[3], &bar};
+                timed(name.c_str(), [&] {
+                    CK(cuMemsetD32Async(bar, 0, 32 * 10, stream));
+                    launch(f, grid, 256, a, false);
+                }, grid);
+            }
+            for (const std::string name : {"barriers_one", "barriers_flag", "barriers_tree"}) {
+                CUfunction f = fn(name);
+                int occ = 0;
+                CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
+                const int grid = std::min(occ, 2) * sms, count = 4 * m.L - 1, reps = 10;
+                void* a[] = {&bar, (void*)&count};
+                CUgraph gr; CUgraphExec ge;
+                CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+                CK(cuMemsetD32Async(bar, 0, 32 * 10, stream));
+                launch(f, grid, 256, a, false);
+                CK(cuStreamEndCapture(stream, &gr));
+                CK(cuGraphInstantiate(&ge, gr, 0));
+                float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
+                printf("barriers\t%s\t%s\tus_each %.2f\tblocks %d\tcount %d\n", m.name, name.c_str(),
+                       ms * 1e3 / reps / count, grid, count);
+                fflush(stdout);
+                CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
+            }
+            CK(cuMemcpyDtoD(x, x0, m.H * 4));
+            CK(cuMemFree(x0)); CK(cuMemFree(bar));
         }
         for (CUdeviceptr d : {head, xn, parts, tokens}) CK(cuMemFree(d));
         for (CUdeviceptr d : {wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf}) CK(cuMemFree(d));

@@ -96,3 +96,159 @@ ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s128_d64, 64, 128)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d128, 128, 256)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s64_d128, 128, 64)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s128_d128, 128, 128)
+
+// A persistent decode step (`seq`'s `persistent` sets; an experiment, not the engine's): one
+// kernel runs every layer's four GEMVs (q/k/v with its norm, o, gate/up with its norm and SwiGLU,
+// down) with the engine's own bodies and splits, so the same sums as the launched kernels. Each
+// op's blocks walk its row groups as a launched GEMV's grid of `nb` blocks would; where a launched
+// GEMV waits for the kernel before it (PDL), the op waits at a grid-wide barrier, its first step of
+// weights already issued. The grid must be resident all at once (run.cpp sizes it by occupancy).
+//
+// The barriers, `bar` zeroed before each launch, its words on lines of their own (32 words apart):
+// BAR_NONE waits for nothing (the bound: the step with barriers free; its sums read activations
+// mid-update, so its bits are not checked). BAR_ONE: every block adds to one counter and polls it
+// (release add, acquire load). BAR_FLAG: every block adds to one counter (acq_rel, the old value
+// returned); the last to arrive releases a flag on another line, which the others poll, so the
+// polling does not queue with the adds. BAR_TREE: BAR_FLAG with the adds spread over
+// BAR_SUB counters (block % BAR_SUB), the last of each adding to a top counter.
+// Each gives up (trap) after a second, so a grid that is not all resident fails, not hangs.
+#define BAR_NONE 0
+#define BAR_ONE 1
+#define BAR_FLAG 2
+#define BAR_TREE 3
+#define BAR_SUB 8
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p) {
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+
+__device__ __forceinline__ void spin_until(const unsigned* p, unsigned at_least) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (ld_acquire(p) < at_least) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > 1000000000ull) __trap();
+    }
+}
+
+// Barrier number `gen` (1, 2, ...) of the launch, in two halves: `grid_arrive` once the block's
+// writes of the op before are issued, `grid_wait` before it reads what other blocks wrote. The
+// block barriers around thread 0's release and acquire extend both to every thread of the block.
+template <int KIND>
+__device__ __forceinline__ void grid_arrive(unsigned* bar, unsigned gen) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned n = gridDim.x;
+        unsigned* flag = bar + 32 * (BAR_SUB + 1);
+        if (KIND == BAR_ONE) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+        } else if (KIND == BAR_FLAG) {
+            if (atom_add_acq_rel(bar) == gen * n - 1)
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(gen) : "memory");
+        } else if (KIND == BAR_TREE) {
+            const unsigned sub = blockIdx.x % BAR_SUB;
+            const unsigned members = n / BAR_SUB + (sub < n % BAR_SUB ? 1u : 0u);
+            bool last = atom_add_acq_rel(bar + 32 * (1 + sub)) == gen * members - 1;
+            if (last) last = atom_add_acq_rel(bar) == gen * BAR_SUB - 1;
+            if (last) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(gen) : "memory");
+        }
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void grid_wait(unsigned* bar, unsigned gen) {
+    if (threadIdx.x == 0) {
+        if (KIND == BAR_ONE)
+            spin_until(bar, gen * gridDim.x);
+        else
+            spin_until(bar + 32 * (BAR_SUB + 1), gen);
+    }
+    __syncthreads();
+}
+
+template <int KIND>
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned gen) {
+    grid_arrive<KIND>(bar, gen);
+    grid_wait<KIND>(bar, gen);
+}
+
+// One op of the persistent step: blocks [0, blocks) walk the row groups; activations are read
+// plainly (another block of this kernel wrote them). gen 0: the step's first op, no wait. SPLIT:
+// the block arrives before it issues its first weights and waits after (else it does both after:
+// a release waits for the thread's loads in flight, the first weights among them).
+template <int KIND, bool SPLIT>
+struct StepGrid {
+    static constexpr bool coherent = true;
+    unsigned* bar;
+    unsigned gen;
+    int blocks;
+    __device__ __forceinline__ int block() const { return blockIdx.x; }
+    __device__ __forceinline__ int count() const { return blocks; }
+    __device__ __forceinline__ void arrive() const {
+        if (SPLIT && KIND != BAR_NONE && gen) grid_arrive<KIND>(bar, gen);
+    }
+    __device__ __forceinline__ void wait() const {
+        if (KIND == BAR_NONE || !gen) return;
+        if (SPLIT)
+            grid_wait<KIND>(bar, gen);
+        else
+            grid_barrier<KIND>(bar, gen);
+    }
+};
+
+template <int MODE, int KIND, bool SPLIT>
+__device__ __forceinline__ void step_op(const bf16* W, const float* x, float* y, int rows, int cols, int ks, int nb,
+                                        const bf16* gamma, float eps, unsigned* bar, unsigned& gen) {
+    const StepGrid<KIND, SPLIT> g{bar, gen, nb};
+    if ((int)blockIdx.x < nb) {
+        gemv_stream<1, MODE, 4, 1, StepGrid<KIND, SPLIT>>(W, x, y, rows, cols, cols, rows, ks, gamma, eps, g);
+    } else {
+        g.arrive();
+        g.wait();
+    }
+    gen++;
+}
+
+// wpool: L layers of [q/k/v (qkvw x H), o (H x q), gate/up (2I x H), down (H x I)], per_layer
+// bytes apart, as seq's graph lays them out. ks*, nb*: each op's split and blocks.
+#define STEP_PERSISTENT(NAME, MINB, KIND, SPLIT)                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB) NAME(                           \
+        const bf16* __restrict__ wpool, unsigned long long per_layer, int L, int H, int qkvw, int q,    \
+        int I, float* x, float* qkv, const float* attn, float* act, const bf16* __restrict__ gamma,    \
+        float eps, int ks0, int ks1, int ks2, int ks3, int nb0, int nb1, int nb2, int nb3,             \
+        unsigned* bar) {                                                                                \
+        unsigned gen = 0;                                                                               \
+        for (int l = 0; l < L; l++) {                                                                   \
+            const bf16* wq = wpool + (size_t)l * (per_layer / 2);                                       \
+            const bf16* wo = wq + (size_t)qkvw * H;                                                     \
+            const bf16* wgu = wo + (size_t)H * q;                                                       \
+            const bf16* wd = wgu + (size_t)2 * I * H;                                                   \
+            step_op<3, KIND, SPLIT>(wq, x, qkv, qkvw, H, ks0, nb0, gamma, eps, bar, gen);                      \
+            step_op<1, KIND, SPLIT>(wo, attn, x, H, q, ks1, nb1, gamma, eps, bar, gen);                        \
+            step_op<4, KIND, SPLIT>(wgu, x, act, I, H, ks2, nb2, gamma, eps, bar, gen);                        \
+            step_op<1, KIND, SPLIT>(wd, act, x, H, I, ks3, nb3, gamma, eps, bar, gen);                         \
+        }                                                                                               \
+    }
+STEP_PERSISTENT(step_persistent_none, 2, BAR_NONE, false)
+STEP_PERSISTENT(step_persistent_one, 2, BAR_ONE, false)
+STEP_PERSISTENT(step_persistent_flag, 2, BAR_FLAG, false)
+STEP_PERSISTENT(step_persistent_one_split, 2, BAR_ONE, true)
+STEP_PERSISTENT(step_persistent_flag_split, 2, BAR_FLAG, true)
+STEP_PERSISTENT(step_persistent_tree_split, 2, BAR_TREE, true)
+
+// The barriers alone: `count` of them back to back on a grid of the persistent step's size.
+#define BARRIERS_ONLY(NAME, KIND)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) NAME(unsigned* bar, int count) {  \
+        for (int gen = 1; gen <= count; gen++) grid_barrier<KIND>(bar, gen);                            \
+    }
+BARRIERS_ONLY(barriers_one, BAR_ONE)
+BARRIERS_ONLY(barriers_flag, BAR_FLAG)
+BARRIERS_ONLY(barriers_tree, BAR_TREE)
