@@ -259,12 +259,18 @@ static void seq_bench() {
         // launched one by one in a graph with PDL (no attention, embedding, final norm or lm_head
         // in either), each from the same x: its time, and whether it leaves the same bits in x, the
         // residual stream after every layer; then each barrier alone, as many as the step has.
-        if (!getenv("SEQ_VARIANT") || strcmp(getenv("SEQ_VARIANT"), "persistent") == 0) {
+        // `lean`: gate/up as a plain normed GEMV of 2I rows in both forms (variants.cu
+        // step_lean_*), so the persistent kernel fits four blocks a multiprocessor.
+        if (!getenv("SEQ_VARIANT") || strcmp(getenv("SEQ_VARIANT"), "persistent") == 0)
+        for (const bool lean : {false, true}) {
             const std::vector<Pick> picks = {{"gemv_m3_b1", engine_ksplit(qkvw, m.H)}, {"gemv_m1_b1", engine_ksplit(m.H, q)},
-                                             {"gemv_m4_b1", engine_ksplit(m.I, m.H, true)}, {"gemv_m1_b1", engine_ksplit(m.H, m.I)}};
-            const int rows[4] = {qkvw, m.H, m.I, m.H}, cols[4] = {m.H, q, m.H, m.I};
-            CUdeviceptr x0, bar;
+                                             lean ? Pick{"gemv_m3_b1", engine_ksplit(2 * m.I, m.H)}
+                                                  : Pick{"gemv_m4_b1", engine_ksplit(m.I, m.H, true)},
+                                             {"gemv_m1_b1", engine_ksplit(m.H, m.I)}};
+            const int rows[4] = {qkvw, m.H, lean ? 2 * m.I : m.I, m.H}, cols[4] = {m.H, q, m.H, m.I};
+            CUdeviceptr x0, bar, act;
             CK(cuMemAlloc(&x0, m.H * 4)); CK(cuMemAlloc(&bar, 4 * 32 * 10));  // variants.cu BAR_SUB + 2 lines
+            CK(cuMemAlloc(&act, 2 * m.I * 4));
             CK(cuMemcpyDtoD(x0, x, m.H * 4));
             std::vector<float> want(m.H), got(m.H);
             auto timed = [&](const char* label, const std::function<void()>& step, int grid) {
@@ -277,7 +283,7 @@ static void seq_bench() {
                 CK(cuGraphLaunch(ge, stream)); CK(cuStreamSynchronize(stream));
                 const bool first = grid == 0;
                 CK(cuMemcpyDtoH(first ? want.data() : got.data(), x, m.H * 4));
-                const char* same = first ? "reference" : strstr(label, "none") ? "not checked"
+                const char* same = first ? "reference" : strstr(label, "_none") ? "not checked"
                                    : memcmp(want.data(), got.data(), m.H * 4) == 0 ? "yes" : "NO";
                 const int reps = 10;
                 float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
@@ -286,7 +292,7 @@ static void seq_bench() {
                 fflush(stdout);
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
             };
-            timed("launched", [&] {
+            timed(lean ? "lean_launched" : "launched", [&] {
                 for (int l = 0; l < m.L; l++) {
                     CUdeviceptr base = wpool + l * per_layer;
                     CUdeviceptr w[4] = {base, base + wq, base + wq + wo, base + wq + wo + wgu};
@@ -299,9 +305,12 @@ static void seq_bench() {
                     }
                 }
             }, 0);
-            for (const std::string name : {"step_persistent_none", "step_persistent_one", "step_persistent_flag",
-                                           "step_persistent_one_split", "step_persistent_flag_split",
-                                           "step_persistent_tree_split"}) {
+            const std::vector<std::string> kernels =
+                lean ? std::vector<std::string>{"step_lean_none_4", "step_lean_one_4", "step_lean_one_2"}
+                     : std::vector<std::string>{"step_persistent_none", "step_persistent_one", "step_persistent_flag",
+                                                "step_persistent_one_split", "step_persistent_flag_split",
+                                                "step_persistent_tree_split"};
+            for (const std::string& name : kernels) {
                 CUfunction f = fn(name);
                 int occ = 0;
                 CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
@@ -321,6 +330,7 @@ static void seq_bench() {
                 }, grid);
             }
             for (const std::string name : {"barriers_one", "barriers_flag", "barriers_tree"}) {
+                if (lean) break;
                 CUfunction f = fn(name);
                 int occ = 0;
                 CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
@@ -339,7 +349,7 @@ static void seq_bench() {
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
             }
             CK(cuMemcpyDtoD(x, x0, m.H * 4));
-            CK(cuMemFree(x0)); CK(cuMemFree(bar));
+            CK(cuMemFree(x0)); CK(cuMemFree(bar)); CK(cuMemFree(act));
         }
         for (CUdeviceptr d : {head, xn, parts, tokens}) CK(cuMemFree(d));
         for (CUdeviceptr d : {wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf}) CK(cuMemFree(d));

@@ -218,8 +218,11 @@ __device__ __forceinline__ void step_op(const bf16* W, const float* x, float* y,
 }
 
 // wpool: L layers of [q/k/v (qkvw x H), o (H x q), gate/up (2I x H), down (H x I)], per_layer
-// bytes apart, as seq's graph lays them out. ks*, nb*: each op's split and blocks.
-#define STEP_PERSISTENT(NAME, MINB, KIND, SPLIT)                                                               \
+// bytes apart, as seq's graph lays them out. ks*, nb*: each op's split and blocks. GU: gate/up's
+// mode, 4 (SwiGLU, as the engine) or 3 (`lean`: a plain normed GEMV of 2I rows, down reading the
+// first I; every op's body then fits 64 registers, so four blocks a multiprocessor, as the launched
+// q/k/v, o and down kernels have; run.cpp times it against the same ops launched).
+#define STEP_PERSISTENT(NAME, MINB, KIND, SPLIT, GU)                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB) NAME(                           \
         const bf16* __restrict__ wpool, unsigned long long per_layer, int L, int H, int qkvw, int q,    \
         int I, float* x, float* qkv, const float* attn, float* act, const bf16* __restrict__ gamma,    \
@@ -231,18 +234,22 @@ __device__ __forceinline__ void step_op(const bf16* W, const float* x, float* y,
             const bf16* wo = wq + (size_t)qkvw * H;                                                     \
             const bf16* wgu = wo + (size_t)H * q;                                                       \
             const bf16* wd = wgu + (size_t)2 * I * H;                                                   \
-            step_op<3, KIND, SPLIT>(wq, x, qkv, qkvw, H, ks0, nb0, gamma, eps, bar, gen);                      \
-            step_op<1, KIND, SPLIT>(wo, attn, x, H, q, ks1, nb1, gamma, eps, bar, gen);                        \
-            step_op<4, KIND, SPLIT>(wgu, x, act, I, H, ks2, nb2, gamma, eps, bar, gen);                        \
-            step_op<1, KIND, SPLIT>(wd, act, x, H, I, ks3, nb3, gamma, eps, bar, gen);                         \
+            step_op<3, KIND, SPLIT>(wq, x, qkv, qkvw, H, ks0, nb0, gamma, eps, bar, gen);               \
+            step_op<1, KIND, SPLIT>(wo, attn, x, H, q, ks1, nb1, gamma, eps, bar, gen);                 \
+            step_op<GU, KIND, SPLIT>(wgu, x, act, GU == 4 ? I : 2 * I, H, ks2, nb2, gamma, eps, bar,    \
+                                     gen);                                                              \
+            step_op<1, KIND, SPLIT>(wd, act, x, H, I, ks3, nb3, gamma, eps, bar, gen);                  \
         }                                                                                               \
     }
-STEP_PERSISTENT(step_persistent_none, 2, BAR_NONE, false)
-STEP_PERSISTENT(step_persistent_one, 2, BAR_ONE, false)
-STEP_PERSISTENT(step_persistent_flag, 2, BAR_FLAG, false)
-STEP_PERSISTENT(step_persistent_one_split, 2, BAR_ONE, true)
-STEP_PERSISTENT(step_persistent_flag_split, 2, BAR_FLAG, true)
-STEP_PERSISTENT(step_persistent_tree_split, 2, BAR_TREE, true)
+STEP_PERSISTENT(step_persistent_none, 2, BAR_NONE, false, 4)
+STEP_PERSISTENT(step_persistent_one, 2, BAR_ONE, false, 4)
+STEP_PERSISTENT(step_persistent_flag, 2, BAR_FLAG, false, 4)
+STEP_PERSISTENT(step_persistent_one_split, 2, BAR_ONE, true, 4)
+STEP_PERSISTENT(step_persistent_flag_split, 2, BAR_FLAG, true, 4)
+STEP_PERSISTENT(step_persistent_tree_split, 2, BAR_TREE, true, 4)
+STEP_PERSISTENT(step_lean_none_4, 4, BAR_NONE, false, 3)
+STEP_PERSISTENT(step_lean_one_4, 4, BAR_ONE, true, 3)
+STEP_PERSISTENT(step_lean_one_2, 2, BAR_ONE, true, 3)
 
 // The barriers alone: `count` of them back to back on a grid of the persistent step's size.
 #define BARRIERS_ONLY(NAME, KIND)                                                                        \
