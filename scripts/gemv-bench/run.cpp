@@ -99,12 +99,15 @@ struct Pick { std::string kernel; int ksplit; bool mma = false; };
 // The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
 // rows while they all fit on the GPU at once, else as few blocks as walk the groups in the same
 // number of rounds as what fits.
-static unsigned stream_grid(CUfunction f, int rows, int ks) {
+static unsigned balanced_grid(int rows, int ks, int resident) {
     const int rpb = 8 / ks, groups = (rows + rpb - 1) / rpb;
+    const int rounds = (groups + resident - 1) / resident;
+    return (groups + rounds - 1) / rounds;
+}
+static unsigned stream_grid(CUfunction f, int rows, int ks) {
     int occ = 0;
     CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-    const int rounds = (groups + occ * sms - 1) / (occ * sms);
-    return (groups + rounds - 1) / rounds;
+    return balanced_grid(rows, ks, occ * sms);
 }
 // The persistent grid of the streaming tensor-core candidate: groups of 8 / ks tiles of 16 rows.
 static unsigned mma_grid(CUfunction f, int rows, int ks) {
@@ -268,12 +271,15 @@ static void seq_bench() {
                                                   : Pick{"gemv_m4_b1", engine_ksplit(m.I, m.H, true)},
                                              {"gemv_m1_b1", engine_ksplit(m.H, m.I)}};
             const int rows[4] = {qkvw, m.H, lean ? 2 * m.I : m.I, m.H}, cols[4] = {m.H, q, m.H, m.I};
+            const unsigned bar_words = 32 * 10;  // variants.cu: BAR_SUB + 2 counters, a line each
             CUdeviceptr x0, bar, act;
-            CK(cuMemAlloc(&x0, m.H * 4)); CK(cuMemAlloc(&bar, 4 * 32 * 10));  // variants.cu BAR_SUB + 2 lines
+            CK(cuMemAlloc(&x0, m.H * 4)); CK(cuMemAlloc(&bar, 4 * bar_words));
             CK(cuMemAlloc(&act, 2 * m.I * 4));
             CK(cuMemcpyDtoD(x0, x, m.H * 4));
             std::vector<float> want(m.H), got(m.H);
-            auto timed = [&](const char* label, const std::function<void()>& step, int grid) {
+            // `step` captured into a graph: run once from x0 (`check`, after it), then its time a
+            // launch, the median of seven runs of ten.
+            auto graph_us = [&](const std::function<void()>& step, const std::function<void()>& check) {
                 CUgraph gr; CUgraphExec ge;
                 CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
                 step();
@@ -281,16 +287,24 @@ static void seq_bench() {
                 CK(cuGraphInstantiate(&ge, gr, 0));
                 CK(cuMemcpyDtoD(x, x0, m.H * 4));
                 CK(cuGraphLaunch(ge, stream)); CK(cuStreamSynchronize(stream));
-                const bool first = grid == 0;
-                CK(cuMemcpyDtoH(first ? want.data() : got.data(), x, m.H * 4));
-                const char* same = first ? "reference" : strstr(label, "_none") ? "not checked"
-                                   : memcmp(want.data(), got.data(), m.H * 4) == 0 ? "yes" : "NO";
+                check();
                 const int reps = 10;
                 float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
-                printf("persistent\t%s\t%s\tstep_us %.1f\tblocks %d\tsame_bits %s\n", m.name, label,
-                       ms * 1e3 / reps, grid, same);
-                fflush(stdout);
                 CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
+                return ms * 1e3f / reps;
+            };
+            auto timed = [&](const char* label, const std::function<void()>& step, int grid) {
+                const bool first = grid == 0;
+                const char* same = "reference";
+                const float us = graph_us(step, [&] {
+                    CK(cuMemcpyDtoH(first ? want.data() : got.data(), x, m.H * 4));
+                    if (!first)
+                        same = strstr(label, "_none") ? "not checked"
+                               : memcmp(want.data(), got.data(), m.H * 4) == 0 ? "yes" : "NO";
+                });
+                printf("persistent\t%s\t%s\tstep_us %.1f\tblocks %d\tsame_bits %s\n", m.name, label, us, grid,
+                       same);
+                fflush(stdout);
             };
             timed(lean ? "lean_launched" : "launched", [&] {
                 for (int l = 0; l < m.L; l++) {
@@ -318,35 +332,31 @@ static void seq_bench() {
                 int nb[4], ks[4];
                 for (int o = 0; o < 4; o++) {
                     ks[o] = picks[o].ksplit;
-                    const int rpb = 8 / ks[o], groups = (rows[o] + rpb - 1) / rpb, rounds = (groups + grid - 1) / grid;
-                    nb[o] = (groups + rounds - 1) / rounds;
+                    nb[o] = balanced_grid(rows[o], ks[o], grid);
                 }
                 unsigned long long pl = per_layer; int L = m.L, H = m.H, qw = qkvw, qq = q, I = m.I;
                 void* a[] = {&wpool, &pl, &L, &H, &qw, &qq, &I, &x, &qkvb, &attn, &act, &gamma, &eps,
                              &ks[0], &ks[1], &ks[2], &ks[3], &nb[0], &nb[1], &nb[2], &nb[3], &bar};
                 timed(name.c_str(), [&] {
-                    CK(cuMemsetD32Async(bar, 0, 32 * 10, stream));
+                    CK(cuMemsetD32Async(bar, 0, bar_words, stream));
                     launch(f, grid, 256, a, false);
                 }, grid);
             }
+            if (!lean)
             for (const std::string name : {"barriers_one", "barriers_flag", "barriers_tree"}) {
-                if (lean) break;
                 CUfunction f = fn(name);
                 int occ = 0;
                 CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-                const int grid = std::min(occ, 2) * sms, count = 4 * m.L - 1, reps = 10;
-                void* a[] = {&bar, (void*)&count};
-                CUgraph gr; CUgraphExec ge;
-                CK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-                CK(cuMemsetD32Async(bar, 0, 32 * 10, stream));
-                launch(f, grid, 256, a, false);
-                CK(cuStreamEndCapture(stream, &gr));
-                CK(cuGraphInstantiate(&ge, gr, 0));
-                float ms = time_ms_g([&] { for (int i = 0; i < reps; i++) CK(cuGraphLaunch(ge, stream)); }, 7);
-                printf("barriers\t%s\t%s\tus_each %.2f\tblocks %d\tcount %d\n", m.name, name.c_str(),
-                       ms * 1e3 / reps / count, grid, count);
+                int count = 4 * m.L - 1;
+                const int grid = std::min(occ, 2) * sms;
+                void* a[] = {&bar, &count};
+                const float us = graph_us([&] {
+                    CK(cuMemsetD32Async(bar, 0, bar_words, stream));
+                    launch(f, grid, 256, a, false);
+                }, [] {});
+                printf("barriers\t%s\t%s\tus_each %.2f\tblocks %d\tcount %d\n", m.name, name.c_str(), us / count,
+                       grid, count);
                 fflush(stdout);
-                CK(cuGraphExecDestroy(ge)); CK(cuGraphDestroy(gr));
             }
             CK(cuMemcpyDtoD(x, x0, m.H * 4));
             CK(cuMemFree(x0)); CK(cuMemFree(bar)); CK(cuMemFree(act));
