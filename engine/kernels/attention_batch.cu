@@ -53,6 +53,7 @@ __device__ __forceinline__ void attention_batch_body(
     const int c_begin = (int)((long long)z * chunks / used), c_end = (int)((long long)(z + 1) * chunks / used);
     const int* table = block_tables + (size_t)row_table[row] * max_blocks;
     const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)num_kv_heads * head_stride;
+    const CacheBlocks cb(block_size);
     const bf16* kb = k_cache + (size_t)kvh * head_stride;
     const bf16* vb = v_cache + (size_t)kvh * head_stride;
     // Chunk c's 16 positions of K and V into stage s, 16 bytes a copy; positions past the context
@@ -63,7 +64,7 @@ __device__ __forceinline__ void attention_batch_body(
         for (int i = lane; i < 16 * (D / 8); i += 32) {
             const int r = i / (D / 8), col = (i % (D / 8)) * 8, p = c * 16 + r;
             const bool ok = p < ctx;
-            const size_t off = ok ? (size_t)table[p / block_size] * block_stride + (size_t)(p % block_size) * D + col : 0;
+            const size_t off = ok ? (size_t)table[cb.block(p)] * block_stride + (size_t)cb.slot(p) * D + col : 0;
             cp_async16(kd + r * LD + col, kb + off, ok);
             cp_async16(vd + r * LD + col, vb + off, ok);
         }
@@ -93,8 +94,8 @@ __device__ __forceinline__ void attention_batch_body(
         if (writes_kv && warp < 2)
             att_new_kv(qs + (g + warp) * D, warp, kvh, num_heads, num_kv_heads, D, bias, q_norm, k_norm, eps, rot,
                        lane, k_cache, v_cache,
-                       (size_t)table[pos / block_size] * block_stride + (size_t)kvh * head_stride +
-                           (size_t)(pos % block_size) * D,
+                       (size_t)table[cb.block(pos)] * block_stride + (size_t)kvh * head_stride +
+                           (size_t)cb.slot(pos) * D,
                        kv_new);
         __syncthreads();
     }

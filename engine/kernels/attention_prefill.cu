@@ -172,6 +172,7 @@ __device__ __forceinline__ void attention_prefill_body(
     const bf16* kb = k_cache + (size_t)kvh * head_stride;
     const bf16* vb = v_cache + (size_t)kvh * head_stride;
 
+    const CacheBlocks cb(block_size);
     // Positions past the context are zero-filled: their scores are masked, and a zero V keeps
     // 0 * V finite.
     auto stage_tile = [&](int j, int stage) {
@@ -181,7 +182,7 @@ __device__ __forceinline__ void attention_prefill_body(
             const int r = c / (D / 8), col = (c % (D / 8)) * 8;
             const int p = j * ATT_PF_POS + r;
             const bool ok = p < ctx;
-            const size_t off = ok ? (size_t)table[p / block_size] * block_stride + (size_t)(p % block_size) * D + col : 0;
+            const size_t off = ok ? (size_t)table[cb.block(p)] * block_stride + (size_t)cb.slot(p) * D + col : 0;
             cp_async16(kd + r * LD + col, kb + off, ok);
             cp_async16(vd + r * LD + col, vb + off, ok);
         }
@@ -219,15 +220,18 @@ __device__ __forceinline__ void attention_prefill_body(
             const bf16* vt = vs + (j & 1) * ATT_PF_POS * LD;
             float s[NT][4];
             tile_scores<KS, NT, LD>(s, qh, ql, kt, lane);
-            // Causal mask, then the online softmax of rows a and b (a quad of lanes holds a row).
-            // Position 0 is in tile 0 and every row's, so the maxima are finite from there on.
+            // Causal mask (where the tile reaches past the warp's first row), then the online
+            // softmax of rows a and b (a quad of lanes holds a row). Position 0 is in tile 0 and
+            // every row's, so the maxima are finite from there on.
+            if (p0 + ATT_PF_POS - 1 > pos0 + warp * 16) {
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
+                for (int n = 0; n < NT; n++) {
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int p = p0 + n * 8 + c2 + e;
-                    s[n][e] = p <= pa ? s[n][e] : -INF_F;
-                    s[n][2 + e] = p <= pb ? s[n][2 + e] : -INF_F;
+                    for (int e = 0; e < 2; e++) {
+                        const int p = p0 + n * 8 + c2 + e;
+                        s[n][e] = p <= pa ? s[n][e] : -INF_F;
+                        s[n][2 + e] = p <= pb ? s[n][2 + e] : -INF_F;
+                    }
                 }
             }
             tile_softmax<NT, DN>(s, o, ma, mb, la, lb);

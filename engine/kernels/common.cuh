@@ -81,6 +81,19 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
+// A paged cache's block size, for a position's block-table index and slot in its block: a shift
+// and a mask where the size is a power of two (the engine's own pools), a division otherwise (a
+// pool sized to vLLM's, e.g. 1,040). A division in each staged 16-byte copy cost the prefill
+// attention 14% of its time on an H100 (docs/ENGINE.md, session 37).
+struct CacheBlocks {
+    int size, shift;
+    bool pow2;
+    __device__ explicit CacheBlocks(int block_size)
+        : size(block_size), shift(__ffs(block_size) - 1), pow2((block_size & (block_size - 1)) == 0) {}
+    __device__ int block(int p) const { return pow2 ? p >> shift : p / size; }
+    __device__ int slot(int p) const { return pow2 ? p & (size - 1) : p % size; }
+};
+
 // 16 bytes, both addresses 16-byte aligned; fill false zeroes them and reads nothing.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);

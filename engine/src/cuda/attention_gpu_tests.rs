@@ -8,7 +8,9 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{bf16s, differing_bits, gpu, module, upload, values};
+use super::gemv_gpu_tests::{
+    bf16s, differing_bits, gpu, module, upload, values, variant_modules, worst_and_scale,
+};
 use super::kernels;
 use super::plan::{self, Segment};
 use crate::config::ModelConfig;
@@ -386,5 +388,68 @@ fn assert_bf16_is_f32_rounded(got_b: &[u16], got: &[f32]) {
             half::bf16::from_f32(f).to_bits(),
             "bf16 output {k} is not the f32 one rounded"
         );
+    }
+}
+
+/// The prefill attention timed (ignored: a measurement, run by hand on the GPU box with
+/// `--ignored --nocapture`) over the battery's batch-8 pass (prompts of 5 to 1,000 tokens, 2,712
+/// rows, KV blocks of 16) on the 8B's heads (32 x 128, 8 KV heads) and the 1B's (32 x 64). Each
+/// entry of `ATT_PF_VARIANTS` is the attention unit compiled with its defines
+/// ([`variant_modules`]), timed, with its rate (the causal FLOPs, each once) and its f32 outputs'
+/// largest difference from the first entry's over their largest. On an H100 (session 37): 210 us
+/// a layer on the 8B's heads before the block size became a shift, 178 after (docs/ENGINE.md).
+#[test]
+#[ignore]
+fn prefill_attention_timed() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let variants = variant_modules(&ctx, "attention_prefill.cu", "ATT_PF_VARIANTS");
+    let lens = [5usize, 17, 60, 130, 250, 500, 750, 1000];
+    for (heads, kvh, d) in [(32usize, 8usize, 128usize), (32, 8, 64)] {
+        let c = Cache::new(config(heads, kvh, d), 16, lens.len(), 1000);
+        let pieces: Vec<_> = lens.iter().enumerate().map(|(i, &l)| (i, 0, l)).collect();
+        let pass = Pass::new(&c.cfg, &pieces);
+        let [kd, vd, td, qd, pd, rd] = c.upload(&pass);
+        let n_out = pass.rows * c.cfg.q_dim();
+        let of = DevBuf::zeroed(4 * n_out).unwrap();
+        let flops: f64 =
+            lens.iter().map(|&l| (l * (l + 1) / 2) as f64).sum::<f64>() * (heads * d * 4) as f64;
+        let scale = 1.0 / (d as f32).sqrt();
+        let i = |v: usize| v as i32;
+        let mut first: Option<Vec<f32>> = None;
+        let tiles = plan::attention_prefill_tiles(&pass.segments);
+        let tiles_d = upload(tiles.as_flattened());
+        let smem = plan::attention_prefill_smem_bytes(d);
+        for (v, md) in &variants {
+            let f = super::load::with_smem(
+                md.load_function(&format!("attention_prefill_d{d}"))
+                    .unwrap(),
+                smem,
+            )
+            .unwrap();
+            let run = || {
+                launch!(&f, &stream, false, (tiles.len() as u32, heads as u32, 1),
+                    32 * plan::ATT_PF_WARPS as u32, smem;
+                    qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
+                    i(heads), i(kvh), i(c.block_size), scale, of.ptr, 0u64)
+            };
+            let ms = super::tune::time_runs(&ctx, &stream, 3, 20, run).unwrap();
+            let mut got = vec![0f32; n_out];
+            of.read(&mut got, &stream).unwrap();
+            let worst = first.as_ref().map_or(0.0, |g0| {
+                let (worst, scale) = worst_and_scale(g0, &got);
+                worst / scale
+            });
+            println!(
+                "attention_prefill {heads}x{d}/{kvh} {v}: {} rows, {:.1} us, {:.1} TFLOP/s; outputs {worst:.2e} of the first's largest",
+                pass.rows,
+                ms * 1e3,
+                flops / (ms * 1e-3) / 1e12
+            );
+            if first.is_none() {
+                first = Some(got);
+            }
+        }
     }
 }

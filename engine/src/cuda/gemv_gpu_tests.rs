@@ -42,6 +42,50 @@ pub(super) fn module(ctx: &std::sync::Arc<CudaContext>) -> kernels::Kernels {
         .0
 }
 
+/// The kernel unit holding `file`, compiled once for each entry of the comma-separated
+/// environment variable `var` (`base`, the default, is the unit as built; any other entry is
+/// `+`-joined names passed as `-D` defines), each with its entry: how the ignored timed tests put
+/// a kernel's variants side by side in one run.
+pub(super) fn variant_modules(
+    ctx: &std::sync::Arc<CudaContext>,
+    file: &str,
+    var: &str,
+) -> Vec<(String, std::sync::Arc<cudarc::driver::CudaModule>)> {
+    let (major, minor) = ctx.compute_capability().unwrap();
+    let arch = format!("sm_{major}{minor}");
+    let unit = kernels::UNITS
+        .iter()
+        .find(|u| u.files.contains(&file))
+        .unwrap();
+    let entries = std::env::var(var).unwrap_or_else(|_| "base".into());
+    entries
+        .split(',')
+        .map(|v| {
+            let defines: Vec<&str> = if v == "base" {
+                vec![]
+            } else {
+                v.split('+').collect()
+            };
+            let cubin = kernels::compile(unit, &arch, &defines).unwrap();
+            let md = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                .unwrap();
+            (v.to_string(), md)
+        })
+        .collect()
+}
+
+/// The largest difference of `got` from `want`, and the largest magnitude in `want`.
+pub(super) fn worst_and_scale(want: &[f32], got: &[f32]) -> (f32, f32) {
+    let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(w, g)| (w - g).abs())
+        .fold(0f32, f32::max);
+    (worst, scale)
+}
+
 /// A device copy of `v`.
 pub(super) fn upload<T: Copy>(v: &[T]) -> DevBuf {
     let b = DevBuf::zeroed(std::mem::size_of_val(v).max(4)).unwrap();

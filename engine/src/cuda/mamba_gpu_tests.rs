@@ -4,7 +4,9 @@
 //! Skips without a CUDA device (CI); run on the GPU box with ENGINE_REQUIRE_GPU set.
 
 use super::device::DevBuf;
-use super::gemv_gpu_tests::{bf16s, differing_bits, gpu, module, upload, values};
+use super::gemv_gpu_tests::{
+    bf16s, differing_bits, gpu, module, upload, values, variant_modules, worst_and_scale,
+};
 use super::kernels;
 use super::plan;
 use crate::hybrid::mamba::{step, Params, State};
@@ -241,17 +243,6 @@ fn launch_mixer(
     let mut got = vec![0f32; rows * inner];
     r.out.read(&mut got, stream).unwrap();
     got
-}
-
-/// The largest difference between `want` and `got`, and the largest value of `want`.
-fn worst_and_scale(want: &[f32], got: &[f32]) -> (f32, f32) {
-    let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
-    let worst = want
-        .iter()
-        .zip(got)
-        .map(|(w, g)| (w - g).abs())
-        .fold(0f32, f32::max);
-    (worst, scale)
 }
 
 /// `got` within `tol` of the largest value of `want`.
@@ -727,9 +718,9 @@ fn prefill_conv_timed() {
 
 /// The chunked prefill scan (`mamba_ssd`) timed (ignored: a measurement, run by hand on the GPU
 /// box with `--ignored --nocapture`) on [`ConvPass`]'s 2,712 rows, the conv run once before it. Each
-/// name in `SSD_VARIANTS` (comma-separated; `base`, the default, is the kernel as built) is compiled
-/// as a `-D` define of the Mamba unit, so one call times a kernel's variants side by side; each
-/// prints its time and its outputs' largest difference from the first's over their largest. On an
+/// entry of `SSD_VARIANTS` is the Mamba unit compiled with its defines ([`variant_modules`]), so one
+/// call times a kernel's variants side by side; each prints its time and its outputs' largest
+/// difference from the first's over their largest. On an
 /// H100 (session 33): 390 us before the scan's operands were rounded once a chunk and the 8B's
 /// shape made a constant, 266 us after (docs/ENGINE.md).
 #[test]
@@ -746,27 +737,15 @@ fn prefill_ssd_timed() {
         plan::MAMBA_CONV_ROWS,
         128,
     );
-    let (major, minor) = ctx.compute_capability().unwrap();
-    let arch = format!("sm_{major}{minor}");
-    let unit = kernels::UNITS
-        .iter()
-        .find(|u| u.files.contains(&"mamba_ssd.cu"))
-        .unwrap();
     let m = &pass.mx.m;
     let (inner, conv_dim, in_dim, _) = pass.mx.widths();
     let rows: usize = pass.lens.iter().sum();
     let smem = plan::mamba_ssd_smem_bytes();
-    let variants = std::env::var("SSD_VARIANTS").unwrap_or_else(|_| "base".into());
     let i = |v: usize| v as i32;
     let (r, dev) = (&pass.run, &pass.mx.dev);
     let split = plan::mamba_ssm_split(m.d_state).unwrap();
     let mut first: Option<Vec<f32>> = None;
-    for v in variants.split(',') {
-        let defines: Vec<&str> = if v == "base" { vec![] } else { vec![v] };
-        let cubin = kernels::compile(unit, &arch, &defines).unwrap();
-        let md = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .unwrap();
+    for (v, md) in variant_modules(&ctx, "mamba_ssd.cu", "SSD_VARIANTS") {
         let f = super::load::with_smem(md.load_function("mamba_ssd").unwrap(), smem).unwrap();
         let run = || {
             launch!(&f, &stream, false, (m.num_heads as u32, pass.lens.len() as u32, 1),
