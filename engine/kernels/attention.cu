@@ -141,7 +141,6 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     float* wml = wo + ATT_WARPS * gd;       // [ATT_WARPS][g][2]
     __shared__ __align__(16) bf16 kv_new[2 * MAX_HEAD_DIM];  // decode: the new position's k and v, as cached
     const size_t head_stride = (size_t)block_size * head_dim;
-    const CacheBlocks cb(block_size);
     const size_t block_stride = (size_t)num_kv_heads * head_stride;
     const bf16* kbase = k_cache + (size_t)kvh * head_stride;
     const bf16* vbase = v_cache + (size_t)kvh * head_stride;
@@ -167,7 +166,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     auto fetch_in = [&](int p, int cache_block) {
         if (p < end && has_dims) {
             const long long off = (long long)cache_block * (long long)block_stride +
-                                  (long long)cb.slot(p) * head_dim + 8 * sub;
+                                  (long long)(p % block_size) * head_dim + 8 * sub;
             kn = *reinterpret_cast<const uint4*>(kbase + off);
             vn = *reinterpret_cast<const uint4*>(vbase + off);
         } else {
@@ -177,10 +176,10 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     };
     // A position's cache block, looked up a step before its K/V are loaded, so no load waits
     // for the block table.
-    auto cache_block = [&](int p) { return p < end && has_dims ? table[cb.block(p)] : 0; };
+    auto cache_block = [&](int p) { return p < end && has_dims ? table[p / block_size] : 0; };
     // The cache blocks of the new position and of the first two steps are loaded now and used
     // after the first barrier (the new position's K/V read there is stale and replaced below).
-    const int new_block = writes_kv ? table[cb.block(pos)] : 0;
+    const int new_block = writes_kv ? table[pos / block_size] : 0;
     const int first = base + slot;
     const int first_block = cache_block(first);
     int next_block = cache_block(first + step);
@@ -207,7 +206,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
             att_new_kv(wo + warp * head_dim, warp, kvh, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps,
                        rot, lane, k_cache, v_cache,
                        (size_t)new_block * block_stride + (size_t)kvh * head_stride +
-                           (size_t)cb.slot(pos) * head_dim,
+                           (size_t)(pos % block_size) * head_dim,
                        kv_new);
         __syncthreads();
     }

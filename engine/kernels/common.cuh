@@ -84,7 +84,9 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 // A paged cache's block size, for a position's block-table index and slot in its block: a shift
 // and a mask where the size is a power of two (the engine's own pools), a division otherwise (a
 // pool sized to vLLM's, e.g. 1,040). A division in each staged 16-byte copy cost the prefill
-// attention 14% of its time on an H100 (docs/ENGINE.md, session 37).
+// attention 14% of its time on an H100 (docs/ENGINE.md, session 37). Used where the tensor-core
+// kernels stage K/V; attention.cu (batch-1 decode) keeps its division: what a shift there would
+// gain was not measurable against the GEMV tuning's noise.
 struct CacheBlocks {
     int size, shift;
     bool pow2;
