@@ -397,7 +397,7 @@ fn assert_bf16_is_f32_rounded(got_b: &[u16], got: &[f32]) {
 /// entry of `ATT_PF_VARIANTS` is the attention unit compiled with its defines
 /// ([`variant_modules`]), timed, with its rate (the causal FLOPs, each once) and its f32 outputs'
 /// largest difference from the first entry's over their largest. On an H100 (session 37): 210 us
-/// a layer on the 8B's heads before the block size became a shift, 178 after (docs/ENGINE.md).
+/// a layer on the 8B's heads before the block size became a shift, 178-181 after (docs/ENGINE.md).
 #[test]
 #[ignore]
 fn prefill_attention_timed() {

@@ -720,9 +720,9 @@ fn prefill_conv_timed() {
 /// box with `--ignored --nocapture`) on [`ConvPass`]'s 2,712 rows, the conv run once before it. Each
 /// entry of `SSD_VARIANTS` is the Mamba unit compiled with its defines ([`variant_modules`]), so one
 /// call times a kernel's variants side by side; each prints its time and its outputs' largest
-/// difference from the first's over their largest. On an
-/// H100 (session 33): 390 us before the scan's operands were rounded once a chunk and the 8B's
-/// shape made a constant, 266 us after (docs/ENGINE.md).
+/// difference from the first's over their largest. On an H100 (session 33): 390 us before the
+/// scan's operands were rounded once a chunk and the 8B's shape made a constant, 266 us after
+/// (docs/ENGINE.md).
 #[test]
 #[ignore]
 fn prefill_ssd_timed() {
