@@ -96,27 +96,23 @@ static int engine_ksplit(int rows, int cols, bool gate_up = false) {
 // qkv GEMV (norm folded), attention (rope + KV write folded), o GEMV, gate/up GEMV, down GEMV.
 struct Model { const char* name; int H, heads, kvh, D, I, L; };
 struct Pick { std::string kernel; int ksplit; bool mma = false; };
+// Blocks of 256 threads of `f` resident on the whole GPU at once.
+static int resident(CUfunction f) {
+    int occ = 0;
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
+    return occ * sms;
+}
 // The persistent grid of a streaming GEMV, as plan.rs gemv_grid: one block per group of 8 / ks
 // rows while they all fit on the GPU at once, else as few blocks as walk the groups in the same
-// number of rounds as what fits.
-static unsigned balanced_grid(int rows, int ks, int resident) {
+// number of rounds as the `fit` resident blocks would.
+static unsigned balanced_grid(int rows, int ks, int fit) {
     const int rpb = 8 / ks, groups = (rows + rpb - 1) / rpb;
-    const int rounds = (groups + resident - 1) / resident;
+    const int rounds = (groups + fit - 1) / fit;
     return (groups + rounds - 1) / rounds;
 }
-static unsigned stream_grid(CUfunction f, int rows, int ks) {
-    int occ = 0;
-    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-    return balanced_grid(rows, ks, occ * sms);
-}
+static unsigned stream_grid(CUfunction f, int rows, int ks) { return balanced_grid(rows, ks, resident(f)); }
 // The persistent grid of the streaming tensor-core candidate: groups of 8 / ks tiles of 16 rows.
-static unsigned mma_grid(CUfunction f, int rows, int ks) {
-    const int tpb = 8 / ks, groups = (rows / 16 + tpb - 1) / tpb;
-    int occ = 0;
-    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-    const int rounds = (groups + occ * sms - 1) / (occ * sms);
-    return (groups + rounds - 1) / rounds;
-}
+static unsigned mma_grid(CUfunction f, int rows, int ks) { return balanced_grid(rows / 16, ks, resident(f)); }
 // The engine's first tensor-core rule (a residual GEMV of 4,096+ rows in whole tiles and steps
 // ran mode 7, 8 warps per tile), kept as this bench's fixed reference; the engine now times the
 // kernels per shape and batch at load (engine/src/cuda/tune.rs).
@@ -142,7 +138,7 @@ static void seq_bench() {
           void* a[] = {&kc, &nc, &s1, &a1, &o1}; launch(fn("fill_bf16"), 4096, 256, a, false);
           void* b[] = {&vc, &nc, &s1, &a1, &o1}; launch(fn("fill_bf16"), 4096, 256, b, false); }
         CK(cuMemAlloc(&x, m.H * 4)); CK(cuMemAlloc(&qkvb, qkvw * 4)); CK(cuMemAlloc(&attn, q * 4));
-        CK(cuMemAlloc(&act, m.I * 4)); CK(cuMemAlloc(&gamma, m.H * 2));
+        CK(cuMemAlloc(&act, 2 * m.I * 4)); CK(cuMemAlloc(&gamma, m.H * 2));  // 2I: the lean gate/up's rows
         { size_t nx = m.H; unsigned s3 = 11; void* c[] = {&x, &nx, &s3}; launch(fn("fill_f32"), 16, 256, c, false);
           size_t ng = m.H; unsigned s2 = 9; float sc2 = 0.2f, off2 = 1.0f;
           void* b[] = {&gamma, &ng, &s2, &sc2, &off2}; launch(fn("fill_bf16"), 16, 256, b, false); }
@@ -272,9 +268,8 @@ static void seq_bench() {
                                              {"gemv_m1_b1", engine_ksplit(m.H, m.I)}};
             const int rows[4] = {qkvw, m.H, lean ? 2 * m.I : m.I, m.H}, cols[4] = {m.H, q, m.H, m.I};
             const unsigned bar_words = 32 * 10;  // variants.cu: BAR_SUB + 2 counters, a line each
-            CUdeviceptr x0, bar, act;
+            CUdeviceptr x0, bar;
             CK(cuMemAlloc(&x0, m.H * 4)); CK(cuMemAlloc(&bar, 4 * bar_words));
-            CK(cuMemAlloc(&act, 2 * m.I * 4));
             CK(cuMemcpyDtoD(x0, x, m.H * 4));
             std::vector<float> want(m.H), got(m.H);
             // `step` captured into a graph: run once from x0 (`check`, after it), then its time a
@@ -326,9 +321,7 @@ static void seq_bench() {
                                                 "step_persistent_tree_split"};
             for (const std::string& name : kernels) {
                 CUfunction f = fn(name);
-                int occ = 0;
-                CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
-                const int grid = occ * sms;
+                const int grid = resident(f);
                 int nb[4], ks[4];
                 for (int o = 0; o < 4; o++) {
                     ks[o] = picks[o].ksplit;
@@ -345,10 +338,8 @@ static void seq_bench() {
             if (!lean)
             for (const std::string name : {"barriers_one", "barriers_flag", "barriers_tree"}) {
                 CUfunction f = fn(name);
-                int occ = 0;
-                CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, 256, 0));
                 int count = 4 * m.L - 1;
-                const int grid = std::min(occ, 2) * sms;
+                const int grid = std::min(resident(f), 2 * sms);
                 void* a[] = {&bar, &count};
                 const float us = graph_us([&] {
                     CK(cuMemsetD32Async(bar, 0, bar_words, stream));
@@ -359,7 +350,7 @@ static void seq_bench() {
                 fflush(stdout);
             }
             CK(cuMemcpyDtoD(x, x0, m.H * 4));
-            CK(cuMemFree(x0)); CK(cuMemFree(bar)); CK(cuMemFree(act));
+            CK(cuMemFree(x0)); CK(cuMemFree(bar));
         }
         for (CUdeviceptr d : {head, xn, parts, tokens}) CK(cuMemFree(d));
         for (CUdeviceptr d : {wpool, x, qkvb, attn, act, gamma, kc, vc, pos, rowt, tables, part_o, part_ml, counts, invf}) CK(cuMemFree(d));
