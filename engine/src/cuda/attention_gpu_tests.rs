@@ -175,7 +175,8 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
     let (_ctx, stream, _) = gpu().unwrap();
     let module = module(&_ctx);
     let cfg = &c.cfg;
-    let [kd, vd, td, qd, pd, rd] = c.upload(pass);
+    let dev = c.upload(pass);
+    let [kd, vd, td, qd, pd, rd] = &dev;
     let tiles = plan::attention_prefill_tiles(&pass.segments);
     let tiles_d = upload(tiles.as_flattened());
     let n_out = pass.rows * cfg.q_dim();
@@ -192,11 +193,17 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
     )
     .unwrap()
     .unwrap();
-    launch!(&f, &stream, false, (tiles.len() as u32, cfg.num_heads as u32, 1),
-        32 * plan::ATT_PF_WARPS as u32, plan::attention_prefill_smem_bytes(cfg.head_dim);
-        qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
-        i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, of.ptr, ob.ptr)
-    .unwrap();
+    launch_prefill(
+        &f,
+        &stream,
+        c,
+        pass,
+        &dev,
+        &tiles_d,
+        tiles.len(),
+        of.ptr,
+        ob.ptr,
+    );
     let mut got = vec![0f32; n_out];
     of.read(&mut got, &stream).unwrap();
     let mut got_b = vec![0u16; n_out];
@@ -215,6 +222,32 @@ fn run(c: &Cache, pass: &Pass, decode: bool) -> (Vec<f32>, Vec<u16>, Option<Vec<
         v
     });
     (got, got_b, old)
+}
+
+/// `attention_prefill` (`f`, the kernel as built or a variant) over `pass`: `dev` its inputs as
+/// [`Cache::upload`] gives them, `tiles` its `n_tiles` tiles on the device; f32 out into `out_f32`,
+/// bf16 into `out_bf16` (0: not written).
+#[allow(clippy::too_many_arguments)]
+fn launch_prefill(
+    f: &cudarc::driver::CudaFunction,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    c: &Cache,
+    pass: &Pass,
+    dev: &[DevBuf; 6],
+    tiles: &DevBuf,
+    n_tiles: usize,
+    out_f32: u64,
+    out_bf16: u64,
+) {
+    let cfg = &c.cfg;
+    let [kd, vd, td, qd, pd, rd] = dev;
+    let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+    let i = |v: usize| v as i32;
+    launch!(f, stream, false, (n_tiles as u32, cfg.num_heads as u32, 1),
+        32 * plan::ATT_PF_WARPS as u32, plan::attention_prefill_smem_bytes(cfg.head_dim);
+        qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles.ptr,
+        i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, out_f32, out_bf16)
+    .unwrap();
 }
 
 /// The largest error of `got` against the f64 reference over every row and head of `pass`,
@@ -410,13 +443,11 @@ fn prefill_attention_timed() {
         let c = Cache::new(config(heads, kvh, d), 16, lens.len(), 1000);
         let pieces: Vec<_> = lens.iter().enumerate().map(|(i, &l)| (i, 0, l)).collect();
         let pass = Pass::new(&c.cfg, &pieces);
-        let [kd, vd, td, qd, pd, rd] = c.upload(&pass);
+        let dev = c.upload(&pass);
         let n_out = pass.rows * c.cfg.q_dim();
         let of = DevBuf::zeroed(4 * n_out).unwrap();
         let flops: f64 =
             lens.iter().map(|&l| (l * (l + 1) / 2) as f64).sum::<f64>() * (heads * d * 4) as f64;
-        let scale = 1.0 / (d as f32).sqrt();
-        let i = |v: usize| v as i32;
         let mut first: Option<Vec<f32>> = None;
         let tiles = plan::attention_prefill_tiles(&pass.segments);
         let tiles_d = upload(tiles.as_flattened());
@@ -429,10 +460,18 @@ fn prefill_attention_timed() {
             )
             .unwrap();
             let run = || {
-                launch!(&f, &stream, false, (tiles.len() as u32, heads as u32, 1),
-                    32 * plan::ATT_PF_WARPS as u32, smem;
-                    qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), tiles_d.ptr,
-                    i(heads), i(kvh), i(c.block_size), scale, of.ptr, 0u64)
+                launch_prefill(
+                    &f,
+                    &stream,
+                    &c,
+                    &pass,
+                    &dev,
+                    &tiles_d,
+                    tiles.len(),
+                    of.ptr,
+                    0,
+                );
+                Ok(())
             };
             let ms = super::tune::time_runs(&ctx, &stream, 3, 20, run).unwrap();
             let mut got = vec![0f32; n_out];
