@@ -481,14 +481,25 @@ fn prefill_attention_timed() {
                 worst / scale
             });
             println!(
-                "attention_prefill {heads}x{d}/{kvh} {v}: {} rows, {:.1} us, {:.1} TFLOP/s; outputs {worst:.2e} of the first's largest",
+                "attention_prefill {heads}x{d}/{kvh} {v}: {} rows, {:.1} us, {:.1} TFLOP/s; outputs {worst:.2e} of the first's largest, bits {:016x}",
                 pass.rows,
                 ms * 1e3,
-                flops / (ms * 1e-3) / 1e12
+                flops / (ms * 1e-3) / 1e12,
+                fnv1a(&got)
             );
             if first.is_none() {
                 first = Some(got);
             }
         }
     }
+}
+
+/// A hash of `v`'s bits, so that builds printing the same outputs can be told apart from ones
+/// that differ, across processes.
+fn fnv1a(v: &[f32]) -> u64 {
+    v.iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        })
 }
