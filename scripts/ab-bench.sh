@@ -2,7 +2,7 @@
 # `engine bench` of several builds on several models, one after the other in one place, each
 # line labelled: what a change gains is read against the build before it, measured beside it.
 #
-#   scripts/ab-bench.sh [--out DIR] [--rounds N] [--ckpt DIR] MODELS BUILDS [-- BENCH_ARGS...]
+#   scripts/ab-bench.sh [--out DIR] [--rounds N] [--same-picks] [--ckpt DIR] MODELS BUILDS [-- BENCH_ARGS...]
 #
 # MODELS  comma-separated: a directory with config.json, or a scripts/make-checkpoint.py model
 #         name (its random-weight checkpoint is made under --ckpt unless it is there already).
@@ -12,6 +12,11 @@
 #         build's settings (ENGINE_NO_PDL, a throwaway build's experiment) run as builds of their own.
 # --rounds  the builds' order is run N times over (A B A B for 2), so that drift over a call
 #           shows as a difference between rounds rather than between builds (default 1).
+# --same-picks  every run of a model after its first takes the first's GEMV choices
+#           (ENGINE_GEMV_TUNING, docs/ENGINE.md) instead of tuning its own: a build with other
+#           kernel sources tunes afresh, and near draws falling the other way move a per-token
+#           figure by about 1%. It hides what a change to the GEMV kernels does to the choices:
+#           measure such a change without it as well.
 # --out   where each run's JSON and stderr go (default .gpu-run/ab-<UTC stamp>).
 # --ckpt  where named checkpoints are made (default /tmp/ckpt).
 # BENCH_ARGS  `engine bench`'s own options (default: --device cuda:0 --max-batch 32 --batch 8,32
@@ -21,17 +26,18 @@
 # prompt length, first token, throughput by batch with its prefill and decode step, share of the
 # bandwidth floor); on CUDA a second line, indented, with the kernel the load-time tuning chose
 # for each GEMV shape at batch 1 and at batches 2-8 (c2: the CUDA cores at two warps per row, t4:
-# the tensor cores at four per tile).
+# the tensor cores at four per tile), and with --same-picks which run's they are.
 # Exit status 1 when a run failed (the others still run), 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-out="" rounds=1 ckpt=/tmp/ckpt
+out="" rounds=1 ckpt=/tmp/ckpt same_picks=0
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case $1 in
         --out) out=${2:?--out needs a value}; shift 2 ;;
         --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
+        --same-picks) same_picks=1; shift ;;
         --ckpt) ckpt=${2:?--ckpt needs a value}; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         --) break ;;
@@ -96,15 +102,25 @@ for model in "${models[@]}"; do
     name=$(basename "$dir")
     # goldens/<unit>/model reads as the unit.
     [ "$name" = model ] && name=$(basename "$(dirname "$dir")")
-    n=0
+    n=0 pin="" pin_n=""
     for ((r = 1; r <= rounds; r++)); do
         for b in "${builds[@]}"; do
             n=$((n + 1))
             label=$(basename "$b")
             file=$out/$name-$label-$n
-            if "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
+            pinned=()
+            [ -n "$pin" ] && pinned=(env "ENGINE_GEMV_TUNING=$pin")
+            if "${pinned[@]}" "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
                 echo "$name $label #$n: $(grep '^per output token' "$file.err")"
-                tuning "$file.json"
+                choices=$(tuning "$file.json")
+                if [ -n "$choices" ] && [ -n "$pin" ]; then
+                    echo "$choices (#$pin_n's)"
+                elif [ -n "$choices" ]; then
+                    echo "$choices"
+                    if [ "$same_picks" = 1 ]; then
+                        pin=$(realpath "$file.json") pin_n=$n
+                    fi
+                fi
             else
                 echo "$name $label #$n: FAILED (exit $?): $(tail -n 1 "$file.err")"
                 status=1

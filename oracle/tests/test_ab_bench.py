@@ -90,3 +90,31 @@ def test_the_gemv_tuning_choices_follow_a_cuda_runs_summary(tmp_path):
         "tiny-llama cuda #1: per output token 1.000 ms",
         "  gemv (batch 1/2-8): norm 6144x4096 c2/t4, residual 2560x9728 c4/t4"]
 
+
+
+def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_path):
+    # Stand-ins for CUDA builds that say which choices file they were given.
+    tuning = {"shapes": [{"role": "norm", "rows": 6144, "cols": 4096,
+                          "batch_1": {"cuda_cores": 2}, "batched": {"tensor_cores": 4}}]}
+    text = ("#!/bin/sh\necho \"per output token 1.000 ms, given ${ENGINE_GEMV_TUNING:-none}\" >&2\n"
+            f"echo '{json.dumps({'features': {'gemv_tuning': tuning}})}'\n")
+    a, b = build(tmp_path, "a", text), build(tmp_path, "b", text)
+    out = tmp_path / "out"
+    r = run("--out", out, "--rounds", "2", "--same-picks", "goldens/tiny-llama/model", f"{a},{b}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = (out / "tiny-llama-a-1.json").resolve()
+    lines = [l for l in r.stdout.splitlines() if not l.startswith("==")]
+    assert lines == [
+        "tiny-llama a #1: per output token 1.000 ms, given none",
+        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4",
+        f"tiny-llama b #2: per output token 1.000 ms, given {first}",
+        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
+        f"tiny-llama a #3: per output token 1.000 ms, given {first}",
+        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
+        f"tiny-llama b #4: per output token 1.000 ms, given {first}",
+        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
+    ]
+    # Without it each run tunes its own.
+    r = run("--out", tmp_path / "out2", "goldens/tiny-llama/model", f"{a},{b}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "given none" in r.stdout.splitlines()[2], r.stdout

@@ -11,6 +11,11 @@
 //! cost). The result is cached beside the compiled kernels, keyed by the kernels' own cache key
 //! (source, architecture, driver), the GPU and its multiprocessors, so a machine tunes a model's
 //! shapes once; `ready.features.gemv_tuning` reports every shape's times and choices.
+//!
+//! `ENGINE_GEMV_TUNING=<file>` takes every shape's choices from a file instead ([`pinned`]): so
+//! that an A/B of two builds (scripts/ab-bench.sh `--same-picks`) runs both on one set of
+//! choices, since a build with other kernel sources tunes afresh and near draws can fall either
+//! way between processes. Said in `degraded`: the choices were not timed on this machine.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use super::device::{driver_err, DevBuf};
 use super::kernels;
 use super::ops::Gemv;
 use super::plan::{self, GemvKernel, GemvMode};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One shape's measurement and the kernel chosen for it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -64,6 +69,9 @@ pub struct Tuning {
     pub from_cache: bool,
     /// Seconds this load spent on it (timing and cache).
     pub tune_s: f64,
+    /// The `ENGINE_GEMV_TUNING` file every choice came from, if set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
 }
 
 impl Tuning {
@@ -116,6 +124,73 @@ pub fn choose(candidates: &[Candidate], at: usize) -> Option<GemvKernel> {
 
 /// The batches timed.
 const BATCHES: [usize; 2] = [1, plan::MAX_GEMV_BATCH];
+
+/// The environment variable naming a file of GEMV choices to take instead of timing.
+pub const PINNED_VAR: &str = "ENGINE_GEMV_TUNING";
+
+/// The shapes of a file of GEMV choices: the tuning cache's list, or a JSON object holding them
+/// as `engine bench` writes them (`features.gemv_tuning.shapes`), as a `ready` line's features
+/// (`gemv_tuning.shapes`) or as a [`Tuning`] (`shapes`). Where the object names its GPU and
+/// multiprocessors, they must be this one's (`gpu`, `sms`): choices timed on another GPU are not
+/// this one's.
+pub fn pinned(path: &str, text: &str, gpu: &str, sms: usize) -> Result<Vec<ShapeTuning>> {
+    let bad = |why: String| {
+        Error::Config {
+        message: format!(
+            "{PINNED_VAR}={path}: {why}; give it an `engine bench` JSON or a gemv-tune cache file of a CUDA run, or unset it to tune"
+        ),
+    }
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let features = if v["features"].is_object() {
+        &v["features"]
+    } else {
+        &v
+    };
+    if let (Some(g), Some(n)) = (
+        features["gpu"].as_str(),
+        features["multiprocessors"].as_u64(),
+    ) {
+        if (g, n as usize) != (gpu, sms) {
+            return Err(bad(format!(
+                "its choices were timed on {g} with {n} multiprocessors, and this is {gpu} with {sms}"
+            )));
+        }
+    }
+    let shapes = if v.is_array() {
+        &v
+    } else {
+        [
+            &v["features"]["gemv_tuning"]["shapes"],
+            &v["gemv_tuning"]["shapes"],
+            &v["shapes"],
+        ]
+        .into_iter()
+        .find(|s| s.is_array())
+        .ok_or_else(|| bad("no GEMV choices in it (a CPU run has none)".into()))?
+    };
+    serde_json::from_value(shapes.clone())
+        .map_err(|e| bad(format!("its GEMV choices do not parse ({e})")))
+}
+
+/// The entry of `list` for a group of `matrices` GEMVs of `role` over `rows` x `cols` that timed
+/// exactly `kernels`, in that order (see [`timed_these`]).
+fn tuned<'a>(
+    list: &'a [ShapeTuning],
+    role: &str,
+    (rows, cols): (usize, usize),
+    matrices: usize,
+    kernels: &[GemvKernel],
+) -> Option<&'a ShapeTuning> {
+    list.iter().find(|s| {
+        s.role == role
+            && (s.rows, s.cols) == (rows, cols)
+            && s.matrices == matrices
+            && s.batches == BATCHES
+            && timed_these(s, kernels)
+    })
+}
 
 /// The cache file `what` (gemv-tune, step-paths) for this kernel build on this GPU.
 pub(super) fn cache_file(what: &str, kernel_key: &str, gpu: &str, sms: usize) -> Option<PathBuf> {
@@ -230,6 +305,15 @@ impl CudaBackend {
             &self.device_name,
             self.sms,
         );
+        let pinned = match std::env::var(PINNED_VAR) {
+            Ok(p) => {
+                let text = std::fs::read_to_string(&p).map_err(|e| Error::Config {
+                    message: format!("{PINNED_VAR}={p}: cannot read it ({e}); unset it to tune"),
+                })?;
+                Some((pinned(&p, &text, &self.device_name, self.sms)?, p))
+            }
+            Err(_) => None,
+        };
         let mut cached: Vec<ShapeTuning> = path.as_ref().map(read_cache).unwrap_or_default();
         let batches = BATCHES;
         // Zeroed scratch for 8 rows of every GEMV's input and output: zeros in, zeros out.
@@ -253,14 +337,20 @@ impl CudaBackend {
             let (rows, cols) = g.shape();
             let r = role(g.mode);
             let kernels = kernels_for(g.mode, rows, cols);
-            let hit = cached.iter().find(|s| {
-                s.role == r
-                    && s.rows == rows
-                    && s.cols == cols
-                    && s.matrices == group.len()
-                    && s.batches == batches
-                    && timed_these(s, &kernels)
-            });
+            if let Some((list, p)) = &pinned {
+                let s = tuned(list, r, (rows, cols), group.len(), &kernels).ok_or_else(|| {
+                    Error::Config {
+                        message: format!(
+                            "{PINNED_VAR}={p} has no choice for the {} {r} GEMVs of {rows}x{cols} over this build's candidates ({}): it was made for another model, GPU or set of kernels; unset it to tune",
+                            group.len(),
+                            kernels.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+                        ),
+                    }
+                })?;
+                shapes.push(s.clone());
+                continue;
+            }
+            let hit = tuned(&cached, r, (rows, cols), group.len(), &kernels);
             if let Some(s) = hit {
                 shapes.push(s.clone());
                 continue;
@@ -295,11 +385,17 @@ impl CudaBackend {
             cached.extend(shapes.iter().cloned());
             write_cache(p, &cached);
         }
+        if let Some((_, p)) = &pinned {
+            self.degraded.push(format!(
+                "gemv_tuning: every choice from {p} ({PINNED_VAR} is set), none timed here"
+            ));
+        }
         self.tuning = Tuning {
             shapes,
             cache: path.map(|p| p.display().to_string()),
             from_cache: !timed,
             tune_s: started.elapsed().as_secs_f64(),
+            pinned: pinned.map(|(_, p)| p),
         };
         Ok(())
     }
@@ -584,5 +680,57 @@ mod tests {
             assert_eq!(name, "gemv-tune-k1-NVIDIA-H200-132sm.json");
             assert_ne!(Some(a), cache_file("gemv-tune", "k2", "NVIDIA H200", 132));
         }
+    }
+
+    #[test]
+    fn pinned_choices_come_from_a_bench_json_a_ready_line_or_the_cache() {
+        let shapes = vec![
+            shape("norm", 6144, CudaCores(1), TensorCores(8)),
+            shape("gate_up", 14336, CudaCores(2), TensorCores(4)),
+        ];
+        let tuning = Tuning {
+            shapes: shapes.clone(),
+            cache: None,
+            from_cache: false,
+            tune_s: 0.5,
+            pinned: None,
+        };
+        let t = serde_json::to_value(&tuning).unwrap();
+        let h100 = |t: &serde_json::Value| serde_json::json!({"gpu": "NVIDIA H100 80GB HBM3", "multiprocessors": 132, "gemv_tuning": t});
+        for text in [
+            serde_json::json!({"device": "cuda:0", "features": h100(&t)}),
+            h100(&t),
+            serde_json::to_value(&shapes).unwrap(),
+        ] {
+            let got = pinned("f.json", &text.to_string(), "NVIDIA H100 80GB HBM3", 132);
+            assert_eq!(got.unwrap(), shapes);
+        }
+        // Another GPU's choices are not this one's.
+        let h200 = serde_json::json!({"features": h100(&t)}).to_string();
+        let e = pinned("h.json", &h200, "NVIDIA H200", 132)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("timed on NVIDIA H100 80GB HBM3 with 132 multiprocessors, and this is NVIDIA H200 with 132"),
+            "{e}"
+        );
+        // A CPU run's JSON has no choices; a broken file is not JSON: each names the file and
+        // the way out.
+        let cpu = serde_json::json!({"device": "cpu", "features": {}}).to_string();
+        let e = pinned("cpu.json", &cpu, "g", 1).unwrap_err().to_string();
+        assert!(
+            e.contains("ENGINE_GEMV_TUNING=cpu.json: no GEMV choices in it")
+                && e.contains("unset it"),
+            "{e}"
+        );
+        let e = pinned("x.json", "{oops", "g", 1).unwrap_err().to_string();
+        assert!(e.contains("ENGINE_GEMV_TUNING=x.json: not JSON"), "{e}");
+        // Found only for its role, shape, count and candidates.
+        let k = [CudaCores(2), TensorCores(8)];
+        let hit = tuned(&shapes, "gate_up", (14336, 4096), 32, &k).unwrap();
+        assert_eq!((hit.batch_1, hit.batched), (CudaCores(2), TensorCores(4)));
+        assert!(tuned(&shapes, "gate_up", (14336, 4096), 28, &k).is_none());
+        assert!(tuned(&shapes, "residual", (14336, 4096), 32, &k).is_none());
+        assert!(tuned(&shapes, "gate_up", (14336, 4096), 32, &[CudaCores(2)]).is_none());
     }
 }
