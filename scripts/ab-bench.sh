@@ -26,7 +26,10 @@
 # prompt length, first token, throughput by batch with its prefill and decode step, share of the
 # bandwidth floor); on CUDA a second line, indented, with the kernel the load-time tuning chose
 # for each GEMV shape at batch 1 and at batches 2-8 (c2: the CUDA cores at two warps per row, t4:
-# the tensor cores at four per tile), and with --same-picks which run's they are.
+# the tensor cores at four per tile), and with --same-picks which run's they are. Then, for each
+# model, a table of each figure as each build's median over its rounds, every build after the
+# first as a ratio against it, judged by the larger of the two builds' spreads over their rounds
+# (scripts/ab-summary.py; with one round there is no spread to judge by, and it says so).
 # Exit status 1 when a run failed (the others still run), 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +70,8 @@ for b in "${builds[@]}"; do
 done
 out=${out:-.gpu-run/ab-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
+runs=$out/runs.tsv
+: >"$runs"
 
 # The GEMV tuning's choices in a bench JSON, on one line; nothing where it has none (the CPU).
 tuning() {
@@ -112,6 +117,7 @@ for model in "${models[@]}"; do
             [ -n "$pin" ] && pinned=(env "ENGINE_GEMV_TUNING=$pin")
             if "${pinned[@]}" "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
                 echo "$name $label #$n: $(grep '^per output token' "$file.err")"
+                printf '%s\t%s\t%s\t%s\n' "$name" "$label" "$n" "$file.json" >>"$runs"
                 choices=$(tuning "$file.json")
                 if [ -n "$choices" ] && [ -n "$pin" ]; then
                     echo "$choices (#$pin_n's)"
@@ -128,5 +134,6 @@ for model in "${models[@]}"; do
         done
     done
 done
+[ -s "$runs" ] && python3 scripts/ab-summary.py "$runs"
 echo "== JSON and logs under $out"
 exit $status

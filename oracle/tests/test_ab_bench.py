@@ -32,6 +32,24 @@ def run(*args):
                           text=True, timeout=300)
 
 
+def run_lines(r):
+    """The runs' lines, without the summary tables and the closing line."""
+    return [l for l in r.stdout.splitlines()
+            if not l.startswith(("==", "|")) and not l.startswith("  gemv")]
+
+
+def summary(r, model):
+    """The summary table of `model`, as {figure: [cells]}."""
+    out, inside = {}, False
+    for l in r.stdout.splitlines():
+        if l.startswith("== "):
+            inside = l.startswith(f"== {model}:")
+        elif inside and l.startswith("| ") and not l.startswith(("| figure", "| ---")):
+            cells = [c.strip() for c in l.strip("|").split(" | ")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
 @pytest.fixture
 def engine():
     if not ENGINE.exists():
@@ -43,7 +61,7 @@ def test_builds_run_in_turn_for_each_round_each_line_labelled(engine, tmp_path):
     out = tmp_path / "out"
     r = run("--out", out, "--rounds", "2", "goldens/tiny-llama/model", f"{a},{b}", "--", *TINY)
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = [l for l in r.stdout.splitlines() if not l.startswith("==")]
+    lines = run_lines(r)
     assert [l.split(":")[0] for l in lines] == [
         "tiny-llama a #1", "tiny-llama b #2", "tiny-llama a #3", "tiny-llama b #4"]
     for line in lines:
@@ -51,6 +69,13 @@ def test_builds_run_in_turn_for_each_round_each_line_labelled(engine, tmp_path):
     for n, label in enumerate(["a", "b", "a", "b"], 1):
         j = json.loads((out / f"tiny-llama-{label}-{n}.json").read_text())
         assert [row["prompt_len"] for row in j["per_output_token_by_prompt_len"]] == [4, 20]
+    # Then each figure over the rounds, b against a.
+    t = summary(r, "tiny-llama")
+    assert list(t) == ["per output token", "per output token at 4", "per output token at 20",
+                       "ttft(8)", "throughput at batch 2", "prefill at batch 2",
+                       "decode step at batch 2"], r.stdout
+    for figure, (a_cell, b_cell) in t.items():
+        assert "(2 rounds, spread " in a_cell and "x: " in b_cell, (figure, a_cell, b_cell)
 
 
 def test_a_failing_build_is_named_and_the_others_still_run(engine, tmp_path):
@@ -89,6 +114,8 @@ def test_the_gemv_tuning_choices_follow_a_cuda_runs_summary(tmp_path):
     assert r.stdout.splitlines()[:2] == [
         "tiny-llama cuda #1: per output token 1.000 ms",
         "  gemv (batch 1/2-8): norm 6144x4096 c2/t4, residual 2560x9728 c4/t4"]
+    # Its JSON has no bench figures: left out of the summary, and said.
+    assert "is not an engine bench JSON" in r.stderr and "== tiny-llama:" not in r.stdout
 
 
 
@@ -103,7 +130,7 @@ def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_pa
     r = run("--out", out, "--rounds", "2", "--same-picks", "goldens/tiny-llama/model", f"{a},{b}")
     assert r.returncode == 0, r.stdout + r.stderr
     first = (out / "tiny-llama-a-1.json").resolve()
-    lines = [l for l in r.stdout.splitlines() if not l.startswith("==")]
+    lines = [l for l in r.stdout.splitlines() if not l.startswith(("==", "|"))]
     assert lines == [
         "tiny-llama a #1: per output token 1.000 ms, given none",
         "  gemv (batch 1/2-8): norm 6144x4096 c2/t4",
@@ -118,3 +145,36 @@ def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_pa
     r = run("--out", tmp_path / "out2", "goldens/tiny-llama/model", f"{a},{b}")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "given none" in r.stdout.splitlines()[2], r.stdout
+
+
+def bench(per_token_ms, tps, prefill_ms):
+    return json.dumps({"per_output_token_s": per_token_ms / 1e3, "ttft_s": 0.01,
+                       "ttft_prompt_len": 512, "batches": {"8": tps},
+                       "batch_phases": {"8": {"prefill_s": prefill_ms / 1e3, "step_s": 0.005}}})
+
+
+def test_the_summary_judges_each_build_against_the_first_by_the_rounds_spread(tmp_path):
+    # "slow" is 10% slower per token, its throughput 1% lower, its prefill the same; "steady"
+    # differs by nothing. A stand-in's figures alternate between its rounds by a counter file.
+    def standin(name, figures):
+        n = tmp_path / f"{name}.n"
+        text = (f"#!/bin/sh\nc=$(cat {n} 2>/dev/null || echo 0); echo $((c + 1)) > {n}\n"
+                "echo 'per output token' >&2\n"
+                f"if [ $((c % 2)) = 0 ]; then echo '{figures[0]}'; else echo '{figures[1]}'; fi\n")
+        return build(tmp_path, name, text)
+    a = standin("a", [bench(5.0, 1000, 100), bench(5.1, 1000, 102)])
+    slow = standin("slow", [bench(5.5, 990, 101), bench(5.6, 990, 101)])
+    r = run("--out", tmp_path / "out", "--rounds", "2", "goldens/tiny-llama/model", f"{a},{slow}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = summary(r, "tiny-llama")
+    assert t["per output token"] == [
+        "5.05 ms (2 rounds, spread 2.0%)",
+        "5.55 ms (2 rounds, spread 1.8%); 1.0990x: 1.099x slower, beyond the rounds' 2.0% spread"]
+    # 1% lower throughput: a's rounds held it exactly, slow's too, so the 1% counts.
+    assert t["throughput at batch 8"][1].endswith("0.9900x: 1.010x slower, beyond the rounds' 0.0% spread")
+    # The prefill moved 2% between a's rounds: slow's 101 ms is within that.
+    assert t["prefill at batch 8"][1].endswith("within the rounds' 2.0% spread"), t
+    # One round has no spread to judge by.
+    r = run("--out", tmp_path / "out1", "goldens/tiny-llama/model", f"{a},{slow}")
+    assert summary(r, "tiny-llama")["per output token"][1].endswith(
+        "(one round: no spread to judge it by)"), r.stdout
