@@ -134,12 +134,10 @@ pub const PINNED_VAR: &str = "ENGINE_GEMV_TUNING";
 /// multiprocessors, they must be this one's (`gpu`, `sms`): choices timed on another GPU are not
 /// this one's.
 pub fn pinned(path: &str, text: &str, gpu: &str, sms: usize) -> Result<Vec<ShapeTuning>> {
-    let bad = |why: String| {
-        Error::Config {
-        message: format!(
-            "{PINNED_VAR}={path}: {why}; give it an `engine bench` JSON or a gemv-tune cache file of a CUDA run, or unset it to tune"
-        ),
-    }
+    const FIX: &str = "give it an `engine bench` JSON or a gemv-tune cache file of a CUDA run, \
+                       or unset it to tune";
+    let bad = |why: String| Error::Config {
+        message: format!("{PINNED_VAR}={path}: {why}; {FIX}"),
     };
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
