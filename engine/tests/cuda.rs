@@ -399,3 +399,65 @@ fn cuda_faults_change_the_logits() {
         }
     }
 }
+
+/// ENGINE_GEMV_TUNING (cuda/tune.rs): a load takes every GEMV choice from another load's `ready`
+/// line instead of timing its own, and says so; a file lacking one of its shapes fails the load
+/// and names the shape.
+#[test]
+fn cuda_gemv_choices_are_taken_from_a_file_when_pinned() {
+    if !gpu() {
+        return;
+    }
+    let model = model_dir("tiny-llama");
+    let args = ["--device", "cuda:0", "--max-batch", "8"];
+    let mut leg = Leg::start(&model, &args);
+    let ready = leg.recv();
+    assert!(leg.shutdown().success());
+    let shapes = ready["features"]["gemv_tuning"]["shapes"].clone();
+    assert!(shapes.as_array().is_some_and(|s| !s.is_empty()), "{ready}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ready.json");
+    std::fs::write(&file, ready.to_string()).unwrap();
+    let path = file.to_str().unwrap();
+
+    let mut leg = Leg::start_with_env(&model, &args, &[("ENGINE_GEMV_TUNING", path)]);
+    let pinned = leg.recv();
+    assert_eq!(pinned["type"], "ready", "{pinned}");
+    let t = &pinned["features"]["gemv_tuning"];
+    assert_eq!(t["shapes"], shapes);
+    assert_eq!(t["pinned"], path);
+    let degraded = pinned["features"]["degraded"].to_string();
+    assert!(
+        degraded.contains(&format!("gemv_tuning: every choice from {path}")),
+        "{degraded}"
+    );
+    assert!(leg.shutdown().success());
+
+    // Without its first shape the file does not serve this model.
+    let mut short = ready.clone();
+    let first = short["features"]["gemv_tuning"]["shapes"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    std::fs::write(&file, short.to_string()).unwrap();
+    let mut leg = Leg::start_with_env(&model, &args, &[("ENGINE_GEMV_TUNING", path)]);
+    let ev = leg.recv();
+    assert_eq!(
+        (&ev["type"], &ev["code"]),
+        (&json!("error"), &json!("load_failed")),
+        "{ev}"
+    );
+    let msg = ev["message"].as_str().unwrap();
+    let shape = format!(
+        "{} GEMVs of {}x{}",
+        first["role"].as_str().unwrap(),
+        first["rows"],
+        first["cols"]
+    );
+    assert!(
+        msg.contains(&format!("ENGINE_GEMV_TUNING={path} has no choice for the "))
+            && msg.contains(&shape),
+        "{msg}"
+    );
+    assert_eq!(leg.wait().code(), Some(1));
+}
