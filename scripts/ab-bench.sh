@@ -74,17 +74,25 @@ runs=$out/runs.tsv
 : >"$runs"
 
 # The GEMV tuning's choices in a bench JSON, on one line; nothing where it has none (the CPU).
+# With a pinned file ($2, run $3's), whether the run took its choices from it.
 tuning() {
-    python3 - "$1" <<'PY'
+    python3 - "$@" <<'PY'
 import json, sys
 try:
-    shapes = json.load(open(sys.argv[1]))["features"]["gemv_tuning"]["shapes"]
+    t = json.load(open(sys.argv[1]))["features"]["gemv_tuning"]
+    shapes = t["shapes"]
 except (OSError, ValueError, KeyError, TypeError):
     sys.exit(0)
 short = {"cuda_cores": "c", "tensor_cores": "t"}
 k = lambda c: "".join(f"{short.get(w, w)}{n}" for w, n in c.items())
-print("  gemv (batch 1/2-8): " + ", ".join(
-    f"{s['role']} {s['rows']}x{s['cols']} {k(s['batch_1'])}/{k(s['batched'])}" for s in shapes))
+line = "  gemv (batch 1/2-8): " + ", ".join(
+    f"{s['role']} {s['rows']}x{s['cols']} {k(s['batch_1'])}/{k(s['batched'])}" for s in shapes)
+if len(sys.argv) > 2:
+    if t.get("pinned") == sys.argv[2]:
+        line += f" (#{sys.argv[3]}'s)"
+    else:
+        line += " (its own: this build does not read ENGINE_GEMV_TUNING)"
+print(line)
 PY
 }
 
@@ -118,12 +126,12 @@ for model in "${models[@]}"; do
             if "${pinned[@]}" "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
                 echo "$name $label #$n: $(grep '^per output token' "$file.err")"
                 printf '%s\t%s\t%s\t%s\n' "$name" "$label" "$n" "$file.json" >>"$runs"
-                choices=$(tuning "$file.json")
-                if [ -n "$choices" ] && [ -n "$pin" ]; then
-                    echo "$choices (#$pin_n's)"
-                elif [ -n "$choices" ]; then
-                    echo "$choices"
-                    if [ "$same_picks" = 1 ]; then
+                if [ -n "$pin" ]; then
+                    tuning "$file.json" "$pin" "$pin_n"
+                else
+                    choices=$(tuning "$file.json")
+                    [ -n "$choices" ] && echo "$choices"
+                    if [ -n "$choices" ] && [ "$same_picks" = 1 ]; then
                         pin=$(realpath "$file.json") pin_n=$n
                     fi
                 fi

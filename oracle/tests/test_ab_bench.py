@@ -120,27 +120,37 @@ def test_the_gemv_tuning_choices_follow_a_cuda_runs_summary(tmp_path):
 
 
 def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_path):
-    # Stand-ins for CUDA builds that say which choices file they were given.
-    tuning = {"shapes": [{"role": "norm", "rows": 6144, "cols": 4096,
-                          "batch_1": {"cuda_cores": 2}, "batched": {"tensor_cores": 4}}]}
-    text = ("#!/bin/sh\necho \"per output token 1.000 ms, given ${ENGINE_GEMV_TUNING:-none}\" >&2\n"
-            f"echo '{json.dumps({'features': {'gemv_tuning': tuning}})}'\n")
-    a, b = build(tmp_path, "a", text), build(tmp_path, "b", text)
+    # Stand-ins for CUDA builds that say which choices file they were given and, as the engine
+    # does, name it in gemv_tuning.pinned; "old" predates ENGINE_GEMV_TUNING and ignores it.
+    shapes = json.dumps([{"role": "norm", "rows": 6144, "cols": 4096,
+                          "batch_1": {"cuda_cores": 2}, "batched": {"tensor_cores": 4}}])
+    def standin(name, reads_it):
+        pinned = ', "pinned": "$ENGINE_GEMV_TUNING"' if reads_it else ""
+        text = ("#!/bin/sh\necho \"per output token 1.000 ms, given ${ENGINE_GEMV_TUNING:-none}\" >&2\n"
+                "if [ -n \"$ENGINE_GEMV_TUNING\" ]; then\n"
+                f"cat <<EOF\n{{\"features\": {{\"gemv_tuning\": {{\"shapes\": {shapes}{pinned}}}}}}}\nEOF\n"
+                "else\n"
+                f"cat <<EOF\n{{\"features\": {{\"gemv_tuning\": {{\"shapes\": {shapes}}}}}}}\nEOF\n"
+                "fi\n")
+        return build(tmp_path, name, text)
+    a, b, old = standin("a", True), standin("b", True), standin("old", False)
     out = tmp_path / "out"
-    r = run("--out", out, "--rounds", "2", "--same-picks", "goldens/tiny-llama/model", f"{a},{b}")
+    r = run("--out", out, "--rounds", "2", "--same-picks", "goldens/tiny-llama/model",
+            f"{a},{b},{old}")
     assert r.returncode == 0, r.stdout + r.stderr
     first = (out / "tiny-llama-a-1.json").resolve()
     lines = [l for l in r.stdout.splitlines() if not l.startswith(("==", "|"))]
-    assert lines == [
+    choices = "  gemv (batch 1/2-8): norm 6144x4096 c2/t4"
+    assert lines[:6] == [
         "tiny-llama a #1: per output token 1.000 ms, given none",
-        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4",
+        choices,
         f"tiny-llama b #2: per output token 1.000 ms, given {first}",
-        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
-        f"tiny-llama a #3: per output token 1.000 ms, given {first}",
-        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
-        f"tiny-llama b #4: per output token 1.000 ms, given {first}",
-        "  gemv (batch 1/2-8): norm 6144x4096 c2/t4 (#1's)",
+        f"{choices} (#1's)",
+        f"tiny-llama old #3: per output token 1.000 ms, given {first}",
+        f"{choices} (its own: this build does not read ENGINE_GEMV_TUNING)",
     ]
+    assert lines[6:8] == [f"tiny-llama a #4: per output token 1.000 ms, given {first}",
+                          f"{choices} (#1's)"]
     # Without it each run tunes its own.
     r = run("--out", tmp_path / "out2", "goldens/tiny-llama/model", f"{a},{b}")
     assert r.returncode == 0, r.stdout + r.stderr
