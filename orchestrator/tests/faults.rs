@@ -24,37 +24,7 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let engine = common::write_fake_unit(d, &PROMPTS, engine_args, oracle_args);
-        std::fs::write(
-            d.join("unit.toml"),
-            format!(
-                r#"name = "fake"
-model = "model"
-[battery]
-prompts = "prompts.json"
-max_tokens = 8
-warmup = 1
-repeat = 2
-batch_sizes = [1, 2]
-[[golden]]
-file = "golden.json"
-[engine]
-binary = "{}"
-block_size = 16
-num_blocks = 64
-[oracle]
-backend = "transformers"
-[watchdog]
-load_s = 20
-warmup_s = 20
-battery_s = 20
-shutdown_s = 5
-grace_s = 1
-{extra}
-"#,
-                engine.display()
-            ),
-        )
-        .unwrap();
+        std::fs::write(d.join("unit.toml"), common::fake_unit_toml(&engine, extra)).unwrap();
         Fixture { dir }
     }
 

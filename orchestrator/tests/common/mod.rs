@@ -9,6 +9,39 @@ pub fn token(prompt: &[u32], i: u32) -> u32 {
     (prompt.iter().sum::<u32>() * 7 + i * 3) % 500 + 10
 }
 
+/// The unit.toml of a [`write_fake_unit`] directory whose engine is `engine` (the batteries at
+/// batch 1 and 2, two repeats, 20 s watchdogs), with `extra` appended.
+#[allow(dead_code)] // faults.rs and reliability.rs; the other tests write units of their own
+pub fn fake_unit_toml(engine: &Path, extra: &str) -> String {
+    format!(
+        r#"name = "fake"
+model = "model"
+[battery]
+prompts = "prompts.json"
+max_tokens = 8
+warmup = 1
+repeat = 2
+batch_sizes = [1, 2]
+[[golden]]
+file = "golden.json"
+[engine]
+binary = "{}"
+block_size = 16
+num_blocks = 64
+[oracle]
+backend = "transformers"
+[watchdog]
+load_s = 20
+warmup_s = 20
+battery_s = 20
+shutdown_s = 5
+grace_s = 1
+{extra}
+"#,
+        engine.display()
+    )
+}
+
 /// Writes into `d` a one-layer model the preflight accepts, `prompts.json`, a `golden.json` of
 /// the fake's 8 tokens per prompt, and `engine.sh` / `python.sh` running the fake with
 /// `engine_args` / `oracle_args`. Returns the engine wrapper's path; unit.toml is the caller's.
