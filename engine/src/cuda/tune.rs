@@ -312,7 +312,13 @@ impl CudaBackend {
             }
             Err(_) => None,
         };
-        let mut cached: Vec<ShapeTuning> = path.as_ref().map(read_cache).unwrap_or_default();
+        // A pinned file stands where the cache would, and a shape it lacks is an error, not a
+        // timing; the cache is neither read nor written.
+        let mut cached: Vec<ShapeTuning> = match &pinned {
+            Some(_) => Vec::new(),
+            None => path.as_ref().map(read_cache).unwrap_or_default(),
+        };
+        let known: &[ShapeTuning] = pinned.as_ref().map_or(&cached, |(list, _)| list);
         let batches = BATCHES;
         // Zeroed scratch for 8 rows of every GEMV's input and output: zeros in, zeros out.
         let c = &self.cfg;
@@ -335,23 +341,18 @@ impl CudaBackend {
             let (rows, cols) = g.shape();
             let r = role(g.mode);
             let kernels = kernels_for(g.mode, rows, cols);
-            if let Some((list, p)) = &pinned {
-                let s = tuned(list, r, (rows, cols), group.len(), &kernels).ok_or_else(|| {
-                    Error::Config {
-                        message: format!(
-                            "{PINNED_VAR}={p} has no choice for the {} {r} GEMVs of {rows}x{cols} over this build's candidates ({}): it was made for another model, GPU or set of kernels; unset it to tune",
-                            group.len(),
-                            kernels.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
-                        ),
-                    }
-                })?;
+            if let Some(s) = tuned(known, r, (rows, cols), group.len(), &kernels) {
                 shapes.push(s.clone());
                 continue;
             }
-            let hit = tuned(&cached, r, (rows, cols), group.len(), &kernels);
-            if let Some(s) = hit {
-                shapes.push(s.clone());
-                continue;
+            if let Some((_, p)) = &pinned {
+                return Err(Error::Config {
+                    message: format!(
+                        "{PINNED_VAR}={p} has no choice for the {} {r} GEMVs of {rows}x{cols} over this build's candidates ({}): it was made for another model, GPU or set of kernels; unset it to tune",
+                        group.len(),
+                        kernels.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+                    ),
+                });
             }
             timed = true;
             let candidates = kernels
