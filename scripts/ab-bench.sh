@@ -15,8 +15,9 @@
 # --same-picks  every run of a model after its first takes the first's GEMV choices
 #           (ENGINE_GEMV_TUNING, docs/ENGINE.md) instead of tuning its own: a build with other
 #           kernel sources tunes afresh, and near draws falling the other way move a per-token
-#           figure by about 1%. It hides what a change to the GEMV kernels does to the choices:
-#           measure such a change without it as well.
+#           figure by about 1%. The step path of batches 2-8 (the GEMVs or cuBLAS, timed at
+#           load) is taken from that run too. It hides what a change to the GEMV kernels does to
+#           the choices: measure such a change without it as well.
 # --out   where each run's JSON and stderr go (default .gpu-run/ab-<UTC stamp>).
 # --ckpt  where named checkpoints are made (default /tmp/ckpt).
 # BENCH_ARGS  `engine bench`'s own options (default: --device cuda:0 --max-batch 32 --batch 8,32
@@ -26,7 +27,8 @@
 # prompt length, first token, throughput by batch with its prefill and decode step, share of the
 # bandwidth floor); on CUDA a second line, indented, with the kernel the load-time tuning chose
 # for each GEMV shape at batch 1 and at batches 2-8 (c2: the CUDA cores at two warps per row, t4:
-# the tensor cores at four per tile), and with --same-picks which run's they are. Then, for each
+# the tensor cores at four per tile) and the path batches 2-8 run with its two times, and with
+# --same-picks which run's they are. Then, for each
 # model, a table of each figure as each build's median over its rounds, every build after the
 # first as a ratio against it, judged by the larger of the two builds' spreads over their rounds
 # (scripts/ab-summary.py; with one round there is no spread to judge by, and it says so).
@@ -79,19 +81,27 @@ tuning() {
     python3 - "$@" <<'PY'
 import json, sys
 try:
-    t = json.load(open(sys.argv[1]))["features"]["gemv_tuning"]
+    features = json.load(open(sys.argv[1]))["features"]
+    t = features["gemv_tuning"]
     shapes = t["shapes"]
 except (OSError, ValueError, KeyError, TypeError):
     sys.exit(0)
+paths = features.get("step_paths") or {}
 short = {"cuda_cores": "c", "tensor_cores": "t"}
 k = lambda c: "".join(f"{short.get(w, w)}{n}" for w, n in c.items())
 line = "  gemv (batch 1/2-8): " + ", ".join(
     f"{s['role']} {s['rows']}x{s['cols']} {k(s['batch_1'])}/{k(s['batched'])}" for s in shapes)
-if len(sys.argv) > 2:
-    if t.get("pinned") == sys.argv[2]:
-        line += f" (#{sys.argv[3]}'s)"
-    else:
-        line += " (its own: this build does not read ENGINE_GEMV_TUNING)"
+def whose(d):
+    if len(sys.argv) <= 2:
+        return ""
+    if d.get("pinned") == sys.argv[2]:
+        return f" (#{sys.argv[3]}'s)"
+    return " (its own: this build does not read ENGINE_GEMV_TUNING)"
+line += whose(t)
+if isinstance(paths.get("timing"), dict):
+    p = paths["timing"]
+    line += (f"; batches 2-{p['batch']} on {paths['batched']} (gemv {p['gemv_ms']:.3f}, "
+             f"cublas {p['blas_ms']:.3f} ms){whose(paths)}")
 print(line)
 PY
 }

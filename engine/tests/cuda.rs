@@ -431,6 +431,20 @@ fn cuda_gemv_choices_are_taken_from_a_file_when_pinned() {
         degraded.contains(&format!("gemv_tuning: every choice from {path}")),
         "{degraded}"
     );
+    // The step path of batches 2-8 too: the first load's timing, not this one's.
+    let (first, then) = (
+        &ready["features"]["step_paths"],
+        &pinned["features"]["step_paths"],
+    );
+    assert!(first["timing"].is_object(), "{first}");
+    assert_eq!(
+        (&then["timing"], &then["batched"], &then["pinned"]),
+        (&first["timing"], &first["batched"], &json!(path))
+    );
+    assert!(
+        degraded.contains("step_paths: batches 2-8 on ") && degraded.contains("not timed here"),
+        "{degraded}"
+    );
     assert!(leg.shutdown().success());
 
     // Without its first shape the file does not serve this model.

@@ -124,13 +124,17 @@ def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_pa
     # does, name it in gemv_tuning.pinned; "old" predates ENGINE_GEMV_TUNING and ignores it.
     shapes = json.dumps([{"role": "norm", "rows": 6144, "cols": 4096,
                           "batch_1": {"cuda_cores": 2}, "batched": {"tensor_cores": 4}}])
+    timing = '"timing": {"batch": 8, "gemv_ms": 6.387, "blas_ms": 6.2876, "key": "k"}'
     def standin(name, reads_it):
         pinned = ', "pinned": "$ENGINE_GEMV_TUNING"' if reads_it else ""
+        def features(pinned):
+            return (f'{{"features": {{"gemv_tuning": {{"shapes": {shapes}{pinned}}}, '
+                    f'"step_paths": {{"batched": "gemv", {timing}{pinned}}}}}}}')
         text = ("#!/bin/sh\necho \"per output token 1.000 ms, given ${ENGINE_GEMV_TUNING:-none}\" >&2\n"
                 "if [ -n \"$ENGINE_GEMV_TUNING\" ]; then\n"
-                f"cat <<EOF\n{{\"features\": {{\"gemv_tuning\": {{\"shapes\": {shapes}{pinned}}}}}}}\nEOF\n"
+                f"cat <<EOF\n{features(pinned)}\nEOF\n"
                 "else\n"
-                f"cat <<EOF\n{{\"features\": {{\"gemv_tuning\": {{\"shapes\": {shapes}}}}}}}\nEOF\n"
+                f"cat <<EOF\n{features('')}\nEOF\n"
                 "fi\n")
         return build(tmp_path, name, text)
     a, b, old = standin("a", True), standin("b", True), standin("old", False)
@@ -141,16 +145,18 @@ def test_same_picks_runs_every_later_build_on_the_first_runs_gemv_choices(tmp_pa
     first = (out / "tiny-llama-a-1.json").resolve()
     lines = [l for l in r.stdout.splitlines() if not l.startswith(("==", "|"))]
     choices = "  gemv (batch 1/2-8): norm 6144x4096 c2/t4"
+    path = "; batches 2-8 on gemv (gemv 6.387, cublas 6.288 ms)"
+    own = " (its own: this build does not read ENGINE_GEMV_TUNING)"
     assert lines[:6] == [
         "tiny-llama a #1: per output token 1.000 ms, given none",
-        choices,
+        choices + path,
         f"tiny-llama b #2: per output token 1.000 ms, given {first}",
-        f"{choices} (#1's)",
+        f"{choices} (#1's){path} (#1's)",
         f"tiny-llama old #3: per output token 1.000 ms, given {first}",
-        f"{choices} (its own: this build does not read ENGINE_GEMV_TUNING)",
+        f"{choices}{own}{path}{own}",
     ]
     assert lines[6:8] == [f"tiny-llama a #4: per output token 1.000 ms, given {first}",
-                          f"{choices} (#1's)"]
+                          f"{choices} (#1's){path} (#1's)"]
     # Without it each run tunes its own.
     r = run("--out", tmp_path / "out2", "goldens/tiny-llama/model", f"{a},{b}")
     assert r.returncode == 0, r.stdout + r.stderr

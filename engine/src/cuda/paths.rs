@@ -6,7 +6,8 @@
 //! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
 //! shapes with the kernel chosen for each, the decode attention kernel and the batch timed, so a
 //! machine times a model once; `ready.features.step_paths`
-//! reports it. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs;
+//! reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
+//! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs;
 //! batch 1 has attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu),
 //! so batches of another path than batch 1 are held to the token gate at their own batch size
 //! (docs/ENGINE.md).
@@ -19,7 +20,7 @@ use super::backend::CudaBackend;
 use super::device::driver_err;
 use super::plan::{self, StepPath};
 use super::tune::{self, role};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One timing of the step on both paths.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -57,6 +58,9 @@ pub struct StepPaths {
     pub from_cache: bool,
     /// Seconds this load spent on it.
     pub choose_s: f64,
+    /// The `ENGINE_GEMV_TUNING` file the timing came from, if it held one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
 }
 
 impl Default for StepPaths {
@@ -68,6 +72,7 @@ impl Default for StepPaths {
             timing: None,
             from_cache: false,
             choose_s: 0.0,
+            pinned: None,
         }
     }
 }
@@ -130,13 +135,28 @@ impl CudaBackend {
             &self.device_name,
             self.sms,
         );
+        let pinned = match &self.tuning.pinned {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::Config {
+                    message: format!(
+                        "{}={p}: cannot read it ({e}); unset it to tune",
+                        tune::PINNED_VAR
+                    ),
+                })?;
+                pinned_path(p, &text, batch)?.map(|t| (t, p.clone()))
+            }
+            None => None,
+        };
         let mut cached: Vec<PathTiming> = path.as_ref().map(tune::read_cache).unwrap_or_default();
         let key = self.path_key(batch);
-        let hit = cached
-            .iter()
-            .find(|t| t.key == key && t.batch == batch)
-            .cloned();
-        let from_cache = hit.is_some();
+        let hit = match &pinned {
+            Some((t, _)) => Some(t.clone()),
+            None => cached
+                .iter()
+                .find(|t| t.key == key && t.batch == batch)
+                .cloned(),
+        };
+        let from_cache = hit.is_some() && pinned.is_none();
         let timing = match hit {
             Some(t) => t,
             None => {
@@ -161,15 +181,63 @@ impl CudaBackend {
                 t
             }
         };
+        match (&pinned, &self.tuning.pinned) {
+            (Some((t, p)), _) => self.degraded.push(format!(
+                "step_paths: batches 2-{} on {} from {p} ({} is set), not timed here",
+                plan::MAX_GEMV_BATCH,
+                match t.chosen() {
+                    StepPath::Gemv => "the GEMVs",
+                    StepPath::Blas => "cuBLAS",
+                },
+                tune::PINNED_VAR
+            )),
+            (None, Some(p)) => self.degraded.push(format!(
+                "step_paths: {p} holds no step path at batch {batch}, so batches 2-{}'s was timed here",
+                plan::MAX_GEMV_BATCH
+            )),
+            (None, None) => {}
+        }
         self.paths = StepPaths {
             batched: timing.chosen(),
             timing: Some(timing),
             from_cache,
             choose_s: started.elapsed().as_secs_f64(),
+            pinned: pinned.map(|(_, p)| p),
             ..StepPaths::default()
         };
         Ok(())
     }
+}
+
+/// The step path's timing in a file of pinned choices (tune.rs [`tune::pinned`]), as `engine
+/// bench` writes it (`features.step_paths.timing`) or a `ready` line's features
+/// (`step_paths.timing`). None where the file holds none (a gemv-tune cache file, or a run at
+/// `--max-batch 1`): the path is then timed here. A timing of another batch than this load's is
+/// an error: its choice is not this load's to take.
+pub fn pinned_path(path: &str, text: &str, batch: usize) -> Result<Option<PathTiming>> {
+    let bad = |why: String| Error::Config {
+        message: format!("{}={path}: {why}; unset it to tune", tune::PINNED_VAR),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let Some(t) = [
+        &v["features"]["step_paths"]["timing"],
+        &v["step_paths"]["timing"],
+    ]
+    .into_iter()
+    .find(|t| t.is_object()) else {
+        return Ok(None);
+    };
+    let t: PathTiming = serde_json::from_value(t.clone())
+        .map_err(|e| bad(format!("its step path timing does not parse ({e})")))?;
+    if t.batch != batch {
+        return Err(bad(format!(
+            "its step path was timed at batch {} and this load times batch {batch} (the smaller of {} and --max-batch): give both runs one --max-batch",
+            t.batch,
+            plan::MAX_GEMV_BATCH
+        )));
+    }
+    Ok(Some(t))
 }
 
 /// [`CudaBackend::path_key`] from its parts: the cuBLASLt version, each GEMV shape (role, rows, K,
@@ -257,6 +325,39 @@ mod tests {
         ] {
             assert_ne!(key, other);
         }
+    }
+
+    #[test]
+    fn a_pinned_file_gives_its_step_path_at_this_batch_or_none() {
+        let t = serde_json::to_value(timing(6.4, 6.3)).unwrap();
+        let bench =
+            serde_json::json!({"features": {"step_paths": {"batched": "gemv", "timing": t}}});
+        let ready = serde_json::json!({"step_paths": {"timing": t}});
+        for text in [bench.to_string(), ready.to_string()] {
+            let got = pinned_path("f.json", &text, 8).unwrap();
+            assert_eq!(got, Some(timing(6.4, 6.3)));
+        }
+        // A gemv-tune cache file, or a run at --max-batch 1, holds no step path.
+        let none =
+            serde_json::json!({"features": {"step_paths": {"batched": "gemv", "timing": null}}});
+        for text in ["[]".to_string(), none.to_string()] {
+            assert_eq!(pinned_path("f.json", &text, 8).unwrap(), None);
+        }
+        // Another batch's choice is not this load's.
+        let e = pinned_path("f.json", &bench.to_string(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ENGINE_GEMV_TUNING=f.json: its step path was timed at batch 8 and this load times batch 4")
+                && e.contains("one --max-batch"),
+            "{e}"
+        );
+        let broken = serde_json::json!({"step_paths": {"timing": {"batch": 8}}}).to_string();
+        let e = pinned_path("b.json", &broken, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("b.json: its step path timing does not parse"),
+            "{e}"
+        );
     }
 
     #[test]

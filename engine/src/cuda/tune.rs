@@ -16,6 +16,7 @@
 //! that an A/B of two builds (scripts/ab-bench.sh `--same-picks`) runs both on one set of
 //! choices, since a build with other kernel sources tunes afresh and near draws can fall either
 //! way between processes. Said in `degraded`: the choices were not timed on this machine.
+//! paths.rs takes the file's step path of batches 2-8 as well.
 
 use std::path::PathBuf;
 use std::sync::Arc;
