@@ -7,9 +7,10 @@
 //! shapes with the kernel chosen for each, the decode attention kernel and the batch timed, so a
 //! machine times a model once; `ready.features.step_paths`
 //! reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
-//! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs;
-//! batch 1 has attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu),
-//! so batches of another path than batch 1 are held to the token gate at their own batch size
+//! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A
+//! row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs; batch 1 has
+//! attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu), so batches
+//! of another path than batch 1 are held to the token gate at their own batch size
 //! (docs/ENGINE.md).
 
 use std::time::Instant;
@@ -192,7 +193,7 @@ impl CudaBackend {
                 tune::PINNED_VAR
             )),
             (None, Some(p)) => self.degraded.push(format!(
-                "step_paths: {p} holds no step path at batch {batch}, so batches 2-{}'s was timed here",
+                "step_paths: {p} holds no step path at batch {batch}, so the path of batches 2-{} was timed here",
                 plan::MAX_GEMV_BATCH
             )),
             (None, None) => {}
