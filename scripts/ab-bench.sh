@@ -28,10 +28,10 @@
 # bandwidth floor); on CUDA a second line, indented, with the kernel the load-time tuning chose
 # for each GEMV shape at batch 1 and at batches 2-8 (c2: the CUDA cores at two warps per row, t4:
 # the tensor cores at four per tile) and the path batches 2-8 run with its two times, and with
-# --same-picks which run's they are. Then, for each
-# model, a table of each figure as each build's median over its rounds, every build after the
-# first as a ratio against it, judged by the larger of the two builds' spreads over their rounds
-# (scripts/ab-summary.py; with one round there is no spread to judge by, and it says so).
+# --same-picks which run's they are. Then, for each model, a table of each figure as each build's
+# median over its rounds, every build after the first as a ratio against it, judged by the larger
+# of the two builds' spreads over their rounds (scripts/ab-summary.py; with one round there is no
+# spread to judge by, and it says so).
 # Exit status 1 when a run failed (the others still run), 2 on bad arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."

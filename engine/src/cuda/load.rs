@@ -12,6 +12,7 @@ use super::gemm::{gemm_shapes, GemmBench};
 use super::kernels::{self, Kernels};
 use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PREFILL_CHUNK};
 use super::profiler::Profiler;
+use super::tune;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::fault::{Fault, Faults};
@@ -481,8 +482,9 @@ impl CudaBackend {
             stream: gpu.stream,
             ctx: gpu.ctx,
         };
-        backend.tune_gemvs()?;
-        backend.choose_paths()?;
+        let pinned = tune::PinnedFile::from_env()?;
+        backend.tune_gemvs(pinned.as_ref())?;
+        backend.choose_paths(pinned.as_ref())?;
         backend.capture_or_degrade();
         backend.sync()?;
         Ok(backend)

@@ -123,7 +123,7 @@ impl CudaBackend {
 
     /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after
     /// this use it.
-    pub(super) fn choose_paths(&mut self) -> Result<()> {
+    pub(super) fn choose_paths(&mut self, file: Option<&tune::PinnedFile>) -> Result<()> {
         let started = Instant::now();
         let batch = self.max_batch.min(plan::MAX_GEMV_BATCH);
         if batch < 2 {
@@ -136,16 +136,8 @@ impl CudaBackend {
             &self.device_name,
             self.sms,
         );
-        let pinned = match &self.tuning.pinned {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| Error::Config {
-                    message: format!(
-                        "{}={p}: cannot read it ({e}); unset it to tune",
-                        tune::PINNED_VAR
-                    ),
-                })?;
-                pinned_path(p, &text, batch)?.map(|t| (t, p.clone()))
-            }
+        let pinned = match file {
+            Some(f) => pinned_path(f, batch)?.map(|t| (t, f.path.clone())),
             None => None,
         };
         let mut cached: Vec<PathTiming> = path.as_ref().map(tune::read_cache).unwrap_or_default();
@@ -182,7 +174,7 @@ impl CudaBackend {
                 t
             }
         };
-        match (&pinned, &self.tuning.pinned) {
+        match (&pinned, file) {
             (Some((t, p)), _) => self.degraded.push(format!(
                 "step_paths: batches 2-{} on {} from {p} ({} is set), not timed here",
                 plan::MAX_GEMV_BATCH,
@@ -192,8 +184,9 @@ impl CudaBackend {
                 },
                 tune::PINNED_VAR
             )),
-            (None, Some(p)) => self.degraded.push(format!(
-                "step_paths: {p} holds no step path at batch {batch}, so the path of batches 2-{} was timed here",
+            (None, Some(f)) => self.degraded.push(format!(
+                "step_paths: {} holds no step path at batch {batch}, so the path of batches 2-{} was timed here",
+                f.path,
                 plan::MAX_GEMV_BATCH
             )),
             (None, None) => {}
@@ -215,12 +208,15 @@ impl CudaBackend {
 /// (`step_paths.timing`). None where the file holds none (a gemv-tune cache file, or a run at
 /// `--max-batch 1`): the path is then timed here. A timing of another batch than this load's is
 /// an error: its choice is not this load's to take.
-pub fn pinned_path(path: &str, text: &str, batch: usize) -> Result<Option<PathTiming>> {
+pub fn pinned_path(file: &tune::PinnedFile, batch: usize) -> Result<Option<PathTiming>> {
     let bad = |why: String| Error::Config {
-        message: format!("{}={path}: {why}; unset it to tune", tune::PINNED_VAR),
+        message: format!(
+            "{}={}: {why}; unset it to tune",
+            tune::PINNED_VAR,
+            file.path
+        ),
     };
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let v = &file.json;
     let Some(t) = [
         &v["features"]["step_paths"]["timing"],
         &v["step_paths"]["timing"],
@@ -335,26 +331,28 @@ mod tests {
             serde_json::json!({"features": {"step_paths": {"batched": "gemv", "timing": t}}});
         let ready = serde_json::json!({"step_paths": {"timing": t}});
         for text in [bench.to_string(), ready.to_string()] {
-            let got = pinned_path("f.json", &text, 8).unwrap();
+            let f = tune::PinnedFile::parse("f.json", &text).unwrap();
+            let got = pinned_path(&f, 8).unwrap();
             assert_eq!(got, Some(timing(6.4, 6.3)));
         }
         // A gemv-tune cache file, or a run at --max-batch 1, holds no step path.
         let none =
             serde_json::json!({"features": {"step_paths": {"batched": "gemv", "timing": null}}});
         for text in ["[]".to_string(), none.to_string()] {
-            assert_eq!(pinned_path("f.json", &text, 8).unwrap(), None);
+            let f = tune::PinnedFile::parse("f.json", &text).unwrap();
+            assert_eq!(pinned_path(&f, 8).unwrap(), None);
         }
         // Another batch's choice is not this load's.
-        let e = pinned_path("f.json", &bench.to_string(), 4)
-            .unwrap_err()
-            .to_string();
+        let f = tune::PinnedFile::parse("f.json", &bench.to_string()).unwrap();
+        let e = pinned_path(&f, 4).unwrap_err().to_string();
         assert!(
             e.contains("ENGINE_GEMV_TUNING=f.json: its step path was timed at batch 8 and this load times batch 4")
                 && e.contains("one --max-batch"),
             "{e}"
         );
         let broken = serde_json::json!({"step_paths": {"timing": {"batch": 8}}}).to_string();
-        let e = pinned_path("b.json", &broken, 8).unwrap_err().to_string();
+        let f = tune::PinnedFile::parse("b.json", &broken).unwrap();
+        let e = pinned_path(&f, 8).unwrap_err().to_string();
         assert!(
             e.contains("b.json: its step path timing does not parse"),
             "{e}"

@@ -129,23 +129,54 @@ const BATCHES: [usize; 2] = [1, plan::MAX_GEMV_BATCH];
 /// The environment variable naming a file of GEMV choices to take instead of timing.
 pub const PINNED_VAR: &str = "ENGINE_GEMV_TUNING";
 
+/// The file `ENGINE_GEMV_TUNING` names, read and parsed once at load for both of its readers:
+/// [`pinned`] (the GEMV choices) and paths.rs `pinned_path` (the step path of batches 2-8).
+pub struct PinnedFile {
+    pub path: String,
+    pub json: serde_json::Value,
+}
+
+const PINNED_FIX: &str =
+    "give it an `engine bench` JSON or a gemv-tune cache file of a CUDA run, or unset it to tune";
+
+impl PinnedFile {
+    /// The file named by [`PINNED_VAR`], if it is set.
+    pub fn from_env() -> Result<Option<PinnedFile>> {
+        let Ok(path) = std::env::var(PINNED_VAR) else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Config {
+            message: format!("{PINNED_VAR}={path}: cannot read it ({e}); unset it to tune"),
+        })?;
+        Self::parse(&path, &text).map(Some)
+    }
+
+    /// `text` as the file at `path`; not JSON is an error naming the file and the way out.
+    pub fn parse(path: &str, text: &str) -> Result<PinnedFile> {
+        let json = serde_json::from_str(text).map_err(|e| Error::Config {
+            message: format!("{PINNED_VAR}={path}: not JSON ({e}); {PINNED_FIX}"),
+        })?;
+        Ok(PinnedFile {
+            path: path.to_string(),
+            json,
+        })
+    }
+}
+
 /// The shapes of a file of GEMV choices: the tuning cache's list, or a JSON object holding them
 /// as `engine bench` writes them (`features.gemv_tuning.shapes`), as a `ready` line's features
 /// (`gemv_tuning.shapes`) or as a [`Tuning`] (`shapes`). Where the object names its GPU and
 /// multiprocessors, they must be this one's (`gpu`, `sms`): choices timed on another GPU are not
 /// this one's.
-pub fn pinned(path: &str, text: &str, gpu: &str, sms: usize) -> Result<Vec<ShapeTuning>> {
-    const FIX: &str = "give it an `engine bench` JSON or a gemv-tune cache file of a CUDA run, \
-                       or unset it to tune";
+pub fn pinned(file: &PinnedFile, gpu: &str, sms: usize) -> Result<Vec<ShapeTuning>> {
     let bad = |why: String| Error::Config {
-        message: format!("{PINNED_VAR}={path}: {why}; {FIX}"),
+        message: format!("{PINNED_VAR}={}: {why}; {PINNED_FIX}", file.path),
     };
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let v = &file.json;
     let features = if v["features"].is_object() {
         &v["features"]
     } else {
-        &v
+        v
     };
     if let (Some(g), Some(n)) = (
         features["gpu"].as_str(),
@@ -158,7 +189,7 @@ pub fn pinned(path: &str, text: &str, gpu: &str, sms: usize) -> Result<Vec<Shape
         }
     }
     let shapes = if v.is_array() {
-        &v
+        v
     } else {
         [
             &v["features"]["gemv_tuning"]["shapes"],
@@ -294,9 +325,9 @@ impl CudaBackend {
         time_runs(&self.ctx, &self.stream, warm, runs, run)
     }
 
-    /// Tunes (or reads from the cache) every GEMV shape of the model; the step launched after
-    /// this uses the choices.
-    pub(super) fn tune_gemvs(&mut self) -> Result<()> {
+    /// Tunes (or reads from the cache, or takes from the `ENGINE_GEMV_TUNING` file) every GEMV
+    /// shape of the model; the step launched after this uses the choices.
+    pub(super) fn tune_gemvs(&mut self, file: Option<&PinnedFile>) -> Result<()> {
         let started = Instant::now();
         let path = cache_file(
             "gemv-tune",
@@ -304,14 +335,9 @@ impl CudaBackend {
             &self.device_name,
             self.sms,
         );
-        let pinned = match std::env::var(PINNED_VAR) {
-            Ok(p) => {
-                let text = std::fs::read_to_string(&p).map_err(|e| Error::Config {
-                    message: format!("{PINNED_VAR}={p}: cannot read it ({e}); unset it to tune"),
-                })?;
-                Some((pinned(&p, &text, &self.device_name, self.sms)?, p))
-            }
-            Err(_) => None,
+        let pinned = match file {
+            Some(f) => Some((pinned(f, &self.device_name, self.sms)?, f.path.clone())),
+            None => None,
         };
         // A pinned file stands where the cache would, and a shape it lacks is an error, not a
         // timing; the cache is neither read nor written.
@@ -702,14 +728,19 @@ mod tests {
             h100(&t),
             serde_json::to_value(&shapes).unwrap(),
         ] {
-            let got = pinned("f.json", &text.to_string(), "NVIDIA H100 80GB HBM3", 132);
+            let f = PinnedFile::parse("f.json", &text.to_string()).unwrap();
+            let got = pinned(&f, "NVIDIA H100 80GB HBM3", 132);
             assert_eq!(got.unwrap(), shapes);
         }
         // Another GPU's choices are not this one's.
         let h200 = serde_json::json!({"features": h100(&t)}).to_string();
-        let e = pinned("h.json", &h200, "NVIDIA H200", 132)
-            .unwrap_err()
-            .to_string();
+        let e = pinned(
+            &PinnedFile::parse("h.json", &h200).unwrap(),
+            "NVIDIA H200",
+            132,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("timed on NVIDIA H100 80GB HBM3 with 132 multiprocessors, and this is NVIDIA H200 with 132"),
             "{e}"
@@ -717,13 +748,18 @@ mod tests {
         // A CPU run's JSON has no choices; a broken file is not JSON: each names the file and
         // the way out.
         let cpu = serde_json::json!({"device": "cpu", "features": {}}).to_string();
-        let e = pinned("cpu.json", &cpu, "g", 1).unwrap_err().to_string();
+        let e = pinned(&PinnedFile::parse("cpu.json", &cpu).unwrap(), "g", 1)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("ENGINE_GEMV_TUNING=cpu.json: no GEMV choices in it")
                 && e.contains("unset it"),
             "{e}"
         );
-        let e = pinned("x.json", "{oops", "g", 1).unwrap_err().to_string();
+        let e = PinnedFile::parse("x.json", "{oops")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("ENGINE_GEMV_TUNING=x.json: not JSON"), "{e}");
         // Found only for its role, shape, count and candidates.
         let k = [CudaCores(2), TensorCores(8)];
