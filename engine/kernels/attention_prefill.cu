@@ -78,10 +78,19 @@ __device__ __forceinline__ void tile_scores(float (&s)[NT][4], const unsigned (&
     }
 }
 
+// e^x, or with EXP2 2^x in one instruction (the scores then in base 2: Q scaled by log2(e) too).
+template <bool EXP2>
+__device__ __forceinline__ float softmax_exp(float x) {
+    if (!EXP2) return expf(x);
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // The online softmax of rows a and b over masked scores (-inf where masked; at least one of each
 // row's scores so far finite): the running maxima ma, mb and this lane's shares of the sums la, lb
-// and the outputs o are rescaled, and s becomes the probabilities.
-template <int NT, int DN>
+// and the outputs o are rescaled, and s becomes the probabilities. EXP2: the scores are in base 2.
+template <int NT, int DN, bool EXP2 = false>
 __device__ __forceinline__ void tile_softmax(float (&s)[NT][4], float (&o)[DN][4], float& ma, float& mb, float& la,
                                              float& lb) {
     float ta = -INF_F, tb = -INF_F;
@@ -95,7 +104,10 @@ __device__ __forceinline__ void tile_softmax(float (&s)[NT][4], float (&o)[DN][4
     tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
     tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
     const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
-    const float ca = expf(ma - na), cb = expf(mb - nb);  // 0 on the first scores
+    // 0 on the first scores; 1 exactly where the maximum stays (ex2.approx is not promised to be
+    // exact there), so a tile past a row's position leaves its state as it was.
+    const float ca = EXP2 && ma == na ? 1.0f : softmax_exp<EXP2>(ma - na);
+    const float cb = EXP2 && mb == nb ? 1.0f : softmax_exp<EXP2>(mb - nb);
     ma = na;
     mb = nb;
     la *= ca;
@@ -109,10 +121,10 @@ __device__ __forceinline__ void tile_softmax(float (&s)[NT][4], float (&o)[DN][4
     }
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        s[n][0] = expf(s[n][0] - na);
-        s[n][1] = expf(s[n][1] - na);
-        s[n][2] = expf(s[n][2] - nb);
-        s[n][3] = expf(s[n][3] - nb);
+        s[n][0] = softmax_exp<EXP2>(s[n][0] - na);
+        s[n][1] = softmax_exp<EXP2>(s[n][1] - na);
+        s[n][2] = softmax_exp<EXP2>(s[n][2] - nb);
+        s[n][3] = softmax_exp<EXP2>(s[n][3] - nb);
         la += s[n][0] + s[n][1];
         lb += s[n][2] + s[n][3];
     }
@@ -199,7 +211,8 @@ __device__ __forceinline__ void attention_prefill_body(
     const float* qa = qkv + (size_t)(first + min(ra, count - 1)) * ld_qkv + (size_t)head * D;
     const float* qb = qkv + (size_t)(first + min(rb, count - 1)) * ld_qkv + (size_t)head * D;
     unsigned qh[KS][4], ql[KS][4];
-    q_fragments<KS>(qh, ql, qa, qb, scale, c2);
+    // Scores in base 2 (ex2 is one instruction, expf several): Q scaled by log2(e) as well.
+    q_fragments<KS>(qh, ql, qa, qb, scale * 1.44269504088896341f, c2);
     float o[DN][4];
 #pragma unroll
     for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -234,7 +247,7 @@ __device__ __forceinline__ void attention_prefill_body(
                     }
                 }
             }
-            tile_softmax<NT, DN>(s, o, ma, mb, la, lb);
+            tile_softmax<NT, DN, true>(s, o, ma, mb, la, lb);
             tile_pv<NT, DN, LD>(o, s, vt, lane);
         }
         __syncthreads();  // the stage just read is the one the next iteration fills
@@ -248,12 +261,12 @@ __device__ __forceinline__ void attention_prefill_body(
     for (int half = 0; half < 2; half++) {
         const int r = half ? rb : ra;
         if (r >= count) continue;
-        const float l = half ? lb : la;
+        const float inv = 1.0f / (half ? lb : la);  // one division a row, not one an output
         const int pos = half ? pb : pa;
         const size_t at = (size_t)(first + r) * ld_out + (size_t)head * D + c2;
 #pragma unroll
         for (int d = 0; d < DN; d++) {
-            const float v0 = att_out(o[d][2 * half] / l, pos), v1 = att_out(o[d][2 * half + 1] / l, pos);
+            const float v0 = att_out(o[d][2 * half] * inv, pos), v1 = att_out(o[d][2 * half + 1] * inv, pos);
             if (out_f32) *reinterpret_cast<float2*>(out_f32 + at + d * 8) = make_float2(v0, v1);
             if (out_bf16) *reinterpret_cast<unsigned*>(out_bf16 + at + d * 8) = pack_bf16(v0, v1);
         }
