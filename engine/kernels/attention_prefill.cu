@@ -10,7 +10,7 @@
 // bf16 exactly. A row's result depends on its own query and the positions up to its own alone:
 // an mma's output row reads its own A row only, K/V tiles start at position 0 whatever tile the
 // row is in, and a K/V tile past a row's position (every score masked) leaves its state exactly
-// as it was (max unchanged, correction exp(0) = 1, probabilities 0), so the row's bits do not
+// as it was (max unchanged, correction exactly 1, probabilities 0), so the row's bits do not
 // depend on where its prompt was cut or what shares its pass; a warp whose rows all precede a
 // K/V tile skips it for that reason.
 //
