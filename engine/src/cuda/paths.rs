@@ -137,13 +137,13 @@ impl CudaBackend {
             self.sms,
         );
         let pinned = match file {
-            Some(f) => pinned_path(f, batch)?.map(|t| (t, f.path.clone())),
+            Some(f) => pinned_path(f, batch)?,
             None => None,
         };
         let mut cached: Vec<PathTiming> = path.as_ref().map(tune::read_cache).unwrap_or_default();
         let key = self.path_key(batch);
         let hit = match &pinned {
-            Some((t, _)) => Some(t.clone()),
+            Some(t) => Some(t.clone()),
             None => cached
                 .iter()
                 .find(|t| t.key == key && t.batch == batch)
@@ -175,13 +175,14 @@ impl CudaBackend {
             }
         };
         match (&pinned, file) {
-            (Some((t, p)), _) => self.degraded.push(format!(
-                "step_paths: batches 2-{} on {} from {p} ({} is set), not timed here",
+            (Some(t), Some(f)) => self.degraded.push(format!(
+                "step_paths: batches 2-{} on {} from {} ({} is set), not timed here",
                 plan::MAX_GEMV_BATCH,
                 match t.chosen() {
                     StepPath::Gemv => "the GEMVs",
                     StepPath::Blas => "cuBLAS",
                 },
+                f.path,
                 tune::PINNED_VAR
             )),
             (None, Some(f)) => self.degraded.push(format!(
@@ -189,14 +190,14 @@ impl CudaBackend {
                 f.path,
                 plan::MAX_GEMV_BATCH
             )),
-            (None, None) => {}
+            (_, None) => {}
         }
         self.paths = StepPaths {
             batched: timing.chosen(),
             timing: Some(timing),
             from_cache,
             choose_s: started.elapsed().as_secs_f64(),
-            pinned: pinned.map(|(_, p)| p),
+            pinned: pinned.and(file).map(|f| f.path.clone()),
             ..StepPaths::default()
         };
         Ok(())

@@ -335,17 +335,16 @@ impl CudaBackend {
             &self.device_name,
             self.sms,
         );
-        let pinned = match file {
-            Some(f) => Some((pinned(f, &self.device_name, self.sms)?, f.path.clone())),
-            None => None,
-        };
+        let pinned = file
+            .map(|f| pinned(f, &self.device_name, self.sms))
+            .transpose()?;
         // A pinned file stands where the cache would, and a shape it lacks is an error, not a
         // timing; the cache is neither read nor written.
         let mut cached: Vec<ShapeTuning> = match &pinned {
             Some(_) => Vec::new(),
             None => path.as_ref().map(read_cache).unwrap_or_default(),
         };
-        let known: &[ShapeTuning] = pinned.as_ref().map_or(&cached, |(list, _)| list);
+        let known: &[ShapeTuning] = pinned.as_deref().unwrap_or(&cached);
         let batches = BATCHES;
         // Zeroed scratch for 8 rows of every GEMV's input and output: zeros in, zeros out.
         let c = &self.cfg;
@@ -372,10 +371,11 @@ impl CudaBackend {
                 shapes.push(s.clone());
                 continue;
             }
-            if let Some((_, p)) = &pinned {
+            if let Some(f) = file {
                 return Err(Error::Config {
                     message: format!(
-                        "{PINNED_VAR}={p} has no choice for the {} {r} GEMVs of {rows}x{cols} over this build's candidates ({}): it was made for another model, GPU or set of kernels; unset it to tune",
+                        "{PINNED_VAR}={} has no choice for the {} {r} GEMVs of {rows}x{cols} over this build's candidates ({}): it was made for another model, GPU or set of kernels; unset it to tune",
+                        f.path,
                         group.len(),
                         kernels.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
                     ),
@@ -411,9 +411,10 @@ impl CudaBackend {
             cached.extend(shapes.iter().cloned());
             write_cache(p, &cached);
         }
-        if let Some((_, p)) = &pinned {
+        if let Some(f) = file {
             self.degraded.push(format!(
-                "gemv_tuning: every choice from {p} ({PINNED_VAR} is set), none timed here"
+                "gemv_tuning: every choice from {} ({PINNED_VAR} is set), none timed here",
+                f.path
             ));
         }
         self.tuning = Tuning {
@@ -421,7 +422,7 @@ impl CudaBackend {
             cache: path.map(|p| p.display().to_string()),
             from_cache: !timed,
             tune_s: started.elapsed().as_secs_f64(),
-            pinned: pinned.map(|(_, p)| p),
+            pinned: file.map(|f| f.path.clone()),
         };
         Ok(())
     }
