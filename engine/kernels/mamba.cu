@@ -563,28 +563,26 @@ extern "C" __global__ void mamba_gated_norm(const float* __restrict__ y, const f
     }
 }
 
-// Nemotron-H's MLP activation: relu(x)^2 of `n` values, into f32 (in place in decode) and/or bf16
-// (the prefill GEMM's input); a null output is not written. Four values a thread, 16-byte loads
-// where every pointer allows (one at a time otherwise), as swiglu.cu.
-extern "C" __global__ void relu2(const float* x, int n, float* out_f32, bf16* __restrict__ out_bf16) {
+// Nemotron-H's MLP activation: relu(x)^2 of `n` bf16 values of the up GEMM's output (bf16, as
+// vLLM's GEMM writes it), computed in f32 and rounded to bf16: the down GEMM's input. Four values
+// a thread, 8-byte loads and stores where both pointers allow (one at a time otherwise), as
+// swiglu.cu.
+__device__ __forceinline__ float relu2_f(float x) {
+    const float r = fmaxf(x, 0.0f);
+    return r * r;
+}
+
+extern "C" __global__ void relu2(const bf16* __restrict__ x, int n, bf16* __restrict__ out) {
     pdl_launch_dependents();
     pdl_wait();
     const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i0 >= n) return;
-    const bool vec = i0 + 4 <= n && ((((size_t)x | (size_t)out_f32) & 15) | ((size_t)out_bf16 & 7)) == 0;
-    if (vec) {
-        const float4 x4 = *reinterpret_cast<const float4*>(x + i0);
-        float r[4] = {fmaxf(x4.x, 0.0f), fmaxf(x4.y, 0.0f), fmaxf(x4.z, 0.0f), fmaxf(x4.w, 0.0f)};
-#pragma unroll
-        for (int k = 0; k < 4; k++) r[k] = r[k] * r[k];
-        if (out_f32) *reinterpret_cast<float4*>(out_f32 + i0) = make_float4(r[0], r[1], r[2], r[3]);
-        if (out_bf16) *reinterpret_cast<uint2*>(out_bf16 + i0) = bf4(r[0], r[1], r[2], r[3]);
+    if (i0 + 4 <= n && (((size_t)x | (size_t)out) & 7) == 0) {
+        const uint2 x4 = *reinterpret_cast<const uint2*>(x + i0);
+        *reinterpret_cast<uint2*>(out + i0) =
+            bf4(relu2_f(bf_lo(x4.x)), relu2_f(bf_hi(x4.x)), relu2_f(bf_lo(x4.y)), relu2_f(bf_hi(x4.y)));
     } else {
-        for (int i = i0; i < min(i0 + 4, n); i++) {
-            const float r = fmaxf(x[i], 0.0f);
-            if (out_f32) out_f32[i] = r * r;
-            if (out_bf16) out_bf16[i] = f2bf(r * r);
-        }
+        for (int i = i0; i < min(i0 + 4, n); i++) out[i] = f2bf(relu2_f(bf2f(x[i])));
     }
 }
 

@@ -92,6 +92,34 @@ pub(super) enum Rows<'a> {
     Prefill(&'a [(usize, usize)]),
 }
 
+/// What a GEMM writes: f32, or bf16 where its output is read only as the input of an
+/// element-wise kernel (the MLP's up GEMM, before SwiGLU or relu2), as vLLM's GEMMs write it:
+/// half the bytes written, and read again, of the largest output of a layer.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Out {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl Out {
+    /// Bytes of one output value.
+    pub fn size(self) -> usize {
+        match self {
+            Out::F32 => F32,
+            Out::Bf16 => BF16,
+        }
+    }
+
+    fn cuda_type(self) -> sys::cudaDataType {
+        match self {
+            Out::F32 => sys::cudaDataType::CUDA_R_32F,
+            Out::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        }
+    }
+}
+
 /// Heuristic picks asked for at each row count.
 const PICKS: i32 = 8;
 
@@ -129,6 +157,9 @@ pub struct GemmShape {
     /// The weight: `out` x `inp` (torch's [out, in]).
     pub out: usize,
     pub inp: usize,
+    /// What it writes (absent in caches older than bf16 outputs: f32).
+    #[serde(default)]
+    pub written: Out,
     pub pass: Pass,
     pub rows: Vec<usize>,
     /// In the order cuBLASLt offered them: its picks at the smallest row count first.
@@ -153,6 +184,15 @@ pub struct Pin {
 }
 
 impl GemmShape {
+    /// Whether this is the tuning of a GEMM of `dims` in `pass`, timed at `rows` with the
+    /// cuBLASLt of `key`: a cached entry another build or cuBLASLt made, or one of another
+    /// output type (an entry older than bf16 outputs reads as f32), is not.
+    fn tunes(&self, key: &str, dims: Dims, pass: Pass, rows: &[usize]) -> bool {
+        self.key == key
+            && (self.out, self.inp, self.written, self.pass) == (dims.0, dims.1, dims.2, pass)
+            && self.rows == rows
+    }
+
     /// The class a prompt of `len` tokens (a batch of `len`, in the step) is in.
     fn class(&self, len: usize) -> usize {
         self.pins
@@ -350,10 +390,10 @@ pub struct GemmTuning {
 }
 
 impl GemmTuning {
-    fn shape(&self, out: usize, inp: usize, pass: Pass) -> Option<&GemmShape> {
+    fn shape(&self, w: &Matrix, pass: Pass) -> Option<&GemmShape> {
         self.shapes
             .iter()
-            .find(|s| (s.out, s.inp, s.pass) == (out, inp, pass))
+            .find(|s| (s.out, s.inp, s.written, s.pass) == (w.rows, w.cols, w.out, pass))
     }
 }
 
@@ -371,12 +411,15 @@ fn ok(s: sys::cublasStatus_t, what: &'static str) -> Result<()> {
 }
 
 /// The three layouts of one GEMM (column-major, as cuBLASLt reads them): the weight as A
-/// ([in, out], transposed by the op), the input rows as B ([in, rows]), the f32 output as C
-/// and D ([out, rows]).
+/// ([in, out], transposed by the op), the input rows as B ([in, rows]), the output as C and D
+/// ([out, rows], f32 or bf16).
 struct Layouts([sys::cublasLtMatrixLayout_t; 3]);
 
+/// A GEMM's shape as cuBLASLt is asked for it: the weight's `out` x `inp` and what it writes.
+type Dims = (usize, usize, Out);
+
 impl Layouts {
-    fn new(out: usize, inp: usize, rows: usize) -> Result<Self> {
+    fn new((out, inp, written): Dims, rows: usize) -> Result<Self> {
         let make = |ty, r: usize, c: usize| -> Result<sys::cublasLtMatrixLayout_t> {
             let mut l = MaybeUninit::uninit();
             // SAFETY: writes one layout handle, destroyed in Drop.
@@ -399,7 +442,7 @@ impl Layouts {
         let b = make(bf16, inp, rows).inspect_err(|_| unsafe {
             sys::cublasLtMatrixLayoutDestroy(a);
         })?;
-        let c = make(sys::cudaDataType::CUDA_R_32F, out, rows).inspect_err(|_| unsafe {
+        let c = make(written.cuda_type(), out, rows).inspect_err(|_| unsafe {
             sys::cublasLtMatrixLayoutDestroy(a);
             sys::cublasLtMatrixLayoutDestroy(b);
         })?;
@@ -417,7 +460,7 @@ impl Drop for Layouts {
 }
 
 /// The cuBLASLt handle and the one operation every GEMM here is: Y^T [out, rows] (+)=
-/// W^T X^T, bf16 in, f32 accumulate and out.
+/// W^T X^T, bf16 in, f32 accumulate, f32 or bf16 out ([`Out`]).
 pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
@@ -483,8 +526,8 @@ impl Lt {
 
     /// cuBLASLt's picks for the shape at `rows`, best first, each as given and (where it splits
     /// K) again with split-K off; duplicates are dropped by the caller.
-    fn picks(&self, out: usize, inp: usize, rows: usize, workspace: usize) -> Result<Vec<Algo>> {
-        let l = Layouts::new(out, inp, rows)?;
+    fn picks(&self, dims: Dims, rows: usize, workspace: usize) -> Result<Vec<Algo>> {
+        let l = Layouts::new(dims, rows)?;
         let mut pref = MaybeUninit::uninit();
         // SAFETY: writes one preference handle, destroyed below.
         ok(
@@ -601,15 +644,8 @@ impl Lt {
     }
 
     /// Whether `algo` runs the shape at `rows` within `workspace` bytes.
-    fn supports(
-        &self,
-        algo: &[u64; 8],
-        out: usize,
-        inp: usize,
-        rows: usize,
-        workspace: usize,
-    ) -> bool {
-        let Ok(l) = Layouts::new(out, inp, rows) else {
+    fn supports(&self, algo: &[u64; 8], dims: Dims, rows: usize, workspace: usize) -> bool {
+        let Ok(l) = Layouts::new(dims, rows) else {
             return false;
         };
         let algo = sys::cublasLtMatmulAlgo_t { data: *algo };
@@ -630,12 +666,13 @@ impl Lt {
         s == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace
     }
 
-    /// y [rows, out] (+)= x [rows, inp] W^T through `algo`, on `stream`.
+    /// y [rows, out] (+)= x [rows, inp] W^T through `algo`, on `stream`; W at `w_ptr`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         algo: &sys::cublasLtMatmulAlgo_t,
-        w: (u64, usize, usize),
+        w_ptr: u64,
+        dims: Dims,
         x: u64,
         y: u64,
         rows: usize,
@@ -643,8 +680,8 @@ impl Lt {
         workspace: &DevBuf,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
-        let (w_ptr, out, inp) = w;
-        let l = Layouts::new(out, inp, rows)?;
+        let (out, inp, _) = dims;
+        let l = Layouts::new(dims, rows)?;
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         // SAFETY: the pointers are live device buffers sized for these shapes; the layouts
         // describe them; the workspace outlives the GEMM (and any graph that captured it).
@@ -709,9 +746,9 @@ fn offset_rows(max: usize) -> Option<usize> {
 }
 
 impl CudaBackend {
-    /// y [rows, out] (+)= x [rows, in] W[out, in]^T on the tensor cores: bf16 in, f32 out, through
-    /// the algorithms pinned for the shape: in prefill, each class of prompt length's rows
-    /// through its own.
+    /// y [rows, out] (+)= x [rows, in] W[out, in]^T on the tensor cores: bf16 in, the weight's
+    /// [`Out`] out, through the algorithms pinned for the shape: in prefill, each class of prompt
+    /// length's rows through its own.
     pub(super) fn gemm(
         &self,
         w: &Matrix,
@@ -724,24 +761,22 @@ impl CudaBackend {
             Rows::Step(_) => Pass::Step,
             Rows::Prefill(_) => Pass::Prefill,
         };
-        let shape = self
-            .gemms
-            .shape(w.rows, w.cols, pass)
-            .ok_or_else(|| Error::Internal {
-                message: format!(
-                    "{pass:?} GEMM of a {}x{} weight before its tuning",
-                    w.rows, w.cols
-                ),
-            })?;
+        let shape = self.gemms.shape(w, pass).ok_or_else(|| Error::Internal {
+            message: format!(
+                "{pass:?} GEMM of a {}x{} weight before its tuning",
+                w.rows, w.cols
+            ),
+        })?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
         let run = |algo: usize, from: usize, count: usize| {
             self.lt.matmul(
                 &sys::cublasLtMatmulAlgo_t {
                     data: shape.candidates[algo].data,
                 },
-                (w.buf.ptr, w.rows, w.cols),
+                w.buf.ptr,
+                w.dims(),
                 x + (from * w.cols * BF16) as u64,
-                y + (from * w.rows * F32) as u64,
+                y + (from * w.rows * w.out.size()) as u64,
                 count,
                 accumulate,
                 &self.gemm_workspace,
@@ -773,17 +808,18 @@ impl GemmBench<'_> {
     fn tune_gemm(&self, w: &Matrix, pass: Pass, key: &str, x: &DevBuf) -> Result<GemmShape> {
         let started = Instant::now();
         let (out, inp) = (w.rows, w.cols);
+        let dims = w.dims();
         let rows = pass.rows();
         let max = *rows.last().expect("rows are listed");
         debug_assert!(rows.windows(2).all(|w| w[0] < w[1]), "rows ascend");
         let ws = self.workspace.bytes;
         let mut candidates: Vec<Algo> = Vec::new();
         for &at in rows {
-            for a in self.lt.picks(out, inp, at, ws)? {
+            for a in self.lt.picks(dims, at, ws)? {
                 if !candidates.iter().any(|c| c.data == a.data)
                     && std::iter::once(1)
                         .chain(rows.iter().copied())
-                        .all(|r| self.lt.supports(&a.data, out, inp, r, ws))
+                        .all(|r| self.lt.supports(&a.data, dims, r, ws))
                 {
                     candidates.push(a);
                 }
@@ -793,30 +829,32 @@ impl GemmBench<'_> {
             return Err(Error::Load {
                 message: format!(
                     "cuBLASLt (version {}) offers no algorithm that runs a {out}x{inp} bf16 \
-                     GEMM at every row count from 1 to {max}; the engine needs one",
-                    self.lt.version
+                     GEMM writing {:?} at every row count from 1 to {max}; the engine needs one",
+                    self.lt.version, w.out
                 ),
             });
         }
-        let y = DevBuf::zeroed(max * out * F32)?;
-        let y_small = DevBuf::zeroed(8 * out * F32)?;
+        let y = DevBuf::zeroed(max * out * w.out.size())?;
+        let y_small = DevBuf::zeroed(8 * out * w.out.size())?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
         let run = |a: &sys::cublasLtMatmulAlgo_t, x: u64, y: u64, r: usize| {
-            self.lt.matmul(
-                a,
-                (w.buf.ptr, out, inp),
-                x,
-                y,
-                r,
-                false,
-                self.workspace,
-                stream,
-            )
+            self.lt
+                .matmul(a, w.buf.ptr, dims, x, y, r, false, self.workspace, stream)
         };
+        // Rows as their bits, whatever their width.
         let read = |buf: &DevBuf, row: usize, n: usize| -> Result<Vec<u32>> {
-            let mut v = vec![0f32; n * out];
-            buf.read_at(row * out, &mut v, self.stream)?;
-            Ok(v.into_iter().map(f32::to_bits).collect())
+            Ok(match w.out {
+                Out::F32 => {
+                    let mut v = vec![0f32; n * out];
+                    buf.read_at(row * out, &mut v, self.stream)?;
+                    v.into_iter().map(f32::to_bits).collect()
+                }
+                Out::Bf16 => {
+                    let mut v = vec![0u16; n * out];
+                    buf.read_at(row * out, &mut v, self.stream)?;
+                    v.into_iter().map(u32::from).collect()
+                }
+            })
         };
         let time = |c: &Algo, r: usize, warm: usize, expected_us: Option<f64>| -> Result<f64> {
             let a = sys::cublasLtMatmulAlgo_t { data: c.data };
@@ -885,6 +923,7 @@ impl GemmBench<'_> {
             key: key.to_string(),
             out,
             inp,
+            written: w.out,
             pass,
             rows: rows.to_vec(),
             pins,
@@ -923,16 +962,14 @@ impl GemmBench<'_> {
         for &(w, pass) in weights {
             let rows = pass.rows();
             let hit = cached.iter().find(|c| {
-                c.key == key
-                    && (c.out, c.inp, c.pass) == (w.rows, w.cols, pass)
-                    && c.rows == rows
+                c.tunes(&key, w.dims(), pass, rows)
                     && !c.pins.is_empty()
                     // The stored algorithms are cuBLASLt's own bytes: they must still check out.
                     && c.in_use().all(|i| {
                         i < c.candidates.len()
                             && std::iter::once(1).chain(rows.iter().copied()).all(|r| {
                                 let a = &c.candidates[i].data;
-                                self.lt.supports(a, w.rows, w.cols, r, self.workspace.bytes)
+                                self.lt.supports(a, w.dims(), r, self.workspace.bytes)
                             })
                     })
             });
@@ -959,11 +996,9 @@ impl GemmBench<'_> {
                 // Entries of other row counts stay: builds that time other rows share the file
                 // (kernels::device_key) and would otherwise re-time at every load of either.
                 cached.retain(|c| {
-                    !shapes.iter().any(|s| {
-                        s.key == c.key
-                            && (s.out, s.inp, s.pass) == (c.out, c.inp, c.pass)
-                            && s.rows == c.rows
-                    })
+                    !shapes
+                        .iter()
+                        .any(|s| c.tunes(&s.key, (s.out, s.inp, s.written), s.pass, &s.rows))
                 });
                 cached.extend(shapes.iter().cloned());
                 tune::write_cache(p, &cached);
@@ -973,10 +1008,10 @@ impl GemmBench<'_> {
         for s in &shapes {
             if !s.in_use().all(|i| s.candidates[i].invariant) {
                 degraded.push(format!(
-                    "gemm_rows_vary: no cuBLASLt algorithm for the {}x{} GEMM of the {:?} pass \
-                     gave a row the same bits at every row count checked; its rows may depend \
-                     on their neighbours",
-                    s.out, s.inp, s.pass
+                    "gemm_rows_vary: no cuBLASLt algorithm for the {}x{} GEMM ({:?} out) of the \
+                     {:?} pass gave a row the same bits at every row count checked; its rows may \
+                     depend on their neighbours",
+                    s.out, s.inp, s.written, s.pass
                 ));
             }
         }
@@ -990,7 +1025,8 @@ impl GemmBench<'_> {
     }
 }
 
-/// Every distinct GEMM weight shape of the model in each pass it runs in, one matrix of it.
+/// Every distinct GEMM weight shape (and output type) of the model in each pass it runs in, one
+/// matrix of it.
 pub(super) fn gemm_shapes<'a>(
     layers: &'a [Sublayer],
     lm_head: &'a Matrix,
@@ -1018,7 +1054,7 @@ pub(super) fn gemm_shapes<'a>(
     for (m, pass) in all {
         if !shapes
             .iter()
-            .any(|(s, p)| (s.rows, s.cols, *p) == (m.rows, m.cols, pass))
+            .any(|(s, p)| (s.dims(), *p) == (m.dims(), pass))
         {
             shapes.push((m, pass));
         }
@@ -1121,6 +1157,7 @@ mod tests {
             key: "k".into(),
             out: 8,
             inp: 8,
+            written: Out::F32,
             pass: Pass::Prefill,
             rows: rows.to_vec(),
             candidates: c.to_vec(),
@@ -1176,6 +1213,7 @@ mod tests {
             key: "k".into(),
             out: 8,
             inp: 8,
+            written: Out::F32,
             pass: Pass::Step,
             rows: vec![8, 32],
             candidates: vec![algo(true, &[20.0, 100.0]), algo(false, &[10.0, 110.0])],
@@ -1198,6 +1236,7 @@ mod tests {
             key: "k".into(),
             out: 8,
             inp: 8,
+            written: Out::F32,
             pass: Pass::Prefill,
             rows: Pass::Prefill.rows().to_vec(),
             candidates,
@@ -1285,6 +1324,25 @@ mod tests {
         assert_eq!(s.runner(s.pinned(4), 4), 0);
         assert_eq!(s.runner(s.pinned(12), 12), 2);
         assert_eq!(s.runner(s.pinned(32), 32), 2);
+    }
+
+    #[test]
+    fn a_cached_tuning_serves_only_a_gemm_that_writes_what_it_was_timed_writing() {
+        let rows = Pass::Prefill.rows();
+        let mut s = prefill_shape(vec![twin(0, &[1.0; 7])], vec![]);
+        // As a cache written before bf16 outputs stored it: no `written`, so f32.
+        let mut json = serde_json::to_value(&s).unwrap();
+        json.as_object_mut().unwrap().remove("written");
+        let old: GemmShape = serde_json::from_value(json).unwrap();
+        assert!(old.tunes("k", (8, 8, Out::F32), Pass::Prefill, rows));
+        assert!(!old.tunes("k", (8, 8, Out::Bf16), Pass::Prefill, rows));
+        assert!(!old.tunes("k", (8, 8, Out::F32), Pass::Step, rows));
+        assert!(!old.tunes("k2", (8, 8, Out::F32), Pass::Prefill, rows));
+        assert!(!old.tunes("k", (8, 8, Out::F32), Pass::Prefill, &rows[1..]));
+        s.written = Out::Bf16;
+        let new: GemmShape = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert!(new.tunes("k", (8, 8, Out::Bf16), Pass::Prefill, rows));
+        assert!(!new.tunes("k", (8, 8, Out::F32), Pass::Prefill, rows));
     }
 
     #[test]

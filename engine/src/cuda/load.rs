@@ -8,7 +8,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use super::backend::{CudaBackend, BF16, F32};
 use super::device::{driver_err, DevBuf};
-use super::gemm::{gemm_shapes, GemmBench};
+use super::gemm::{gemm_shapes, GemmBench, Out};
 use super::kernels::{self, Kernels};
 use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PREFILL_CHUNK};
 use super::profiler::Profiler;
@@ -24,11 +24,12 @@ use crate::weights::{Checkpoint, DType};
 const GEMM_WORKSPACE: usize = 32 << 20;
 
 /// A weight matrix on the device: `rows` x `cols` bf16, row-major, as torch stores
-/// `nn.Linear.weight` ([out, in]).
+/// `nn.Linear.weight` ([out, in]), and what its GEMMs write.
 pub(super) struct Matrix {
     pub buf: DevBuf,
     pub rows: usize,
     pub cols: usize,
+    pub out: Out,
 }
 
 impl Matrix {
@@ -37,7 +38,21 @@ impl Matrix {
             buf: DevBuf::zeroed(rows * cols * BF16)?,
             rows,
             cols,
+            out: Out::F32,
         })
+    }
+
+    /// The MLP's up matrix: its GEMMs write bf16, read once by SwiGLU or relu2.
+    fn zeroed_act(rows: usize, cols: usize) -> Result<Self> {
+        Ok(Self {
+            out: Out::Bf16,
+            ..Self::zeroed(rows, cols)?
+        })
+    }
+
+    /// Its shape as a GEMM sees it: out, in and what it writes.
+    pub fn dims(&self) -> (usize, usize, Out) {
+        (self.rows, self.cols, self.out)
     }
 }
 
@@ -662,7 +677,7 @@ impl DecodeBufs {
             act_bf16: DevBuf::zeroed(layout.act_bf16 * BF16)?,
             attn_bf16: DevBuf::zeroed(layout.attn_bf16 * BF16)?,
             gated_bf16: DevBuf::zeroed(layout.gated_bf16 * BF16)?,
-            up: b(layout.up)?,
+            up: DevBuf::zeroed(layout.up * BF16)?,
             logits: b(layout.logits)?,
             layout,
         })
@@ -687,7 +702,7 @@ impl PrefillBufs {
             xn_bf16: h(layout.xn_bf16)?,
             qkv: f(layout.qkv)?,
             attn_bf16: h(layout.attn_bf16)?,
-            gate_up: f(layout.gate_up)?,
+            gate_up: h(layout.gate_up)?,
             act_bf16: h(layout.act_bf16)?,
             tiles: f(layout.tiles)?,
             slots: f(seqs)?,
@@ -824,7 +839,7 @@ fn llama_sublayers(cfg: &ModelConfig, faults: &Faults) -> Result<Vec<Sublayer>> 
         subs.push(Sublayer {
             norm: z(h)?,
             mixer: Mixer::Mlp(MlpWeights {
-                up: Matrix::zeroed(2 * i, h)?,
+                up: Matrix::zeroed_act(2 * i, h)?,
                 down: Matrix::zeroed(h, i)?,
                 swiglu: true,
             }),
@@ -907,7 +922,7 @@ fn hybrid_sublayers(cfg: &ModelConfig, hy: &crate::hybrid::Hybrid) -> Result<Vec
                 })
             }
             Block::Mlp => Mixer::Mlp(MlpWeights {
-                up: Matrix::zeroed(cfg.intermediate_size, h)?,
+                up: Matrix::zeroed_act(cfg.intermediate_size, h)?,
                 down: Matrix::zeroed(h, cfg.intermediate_size)?,
                 swiglu: false,
             }),

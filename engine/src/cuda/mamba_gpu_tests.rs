@@ -501,35 +501,79 @@ fn a_prompts_bits_do_not_depend_on_its_pass() {
     }
 }
 
+fn widened(v: &[u16]) -> Vec<f32> {
+    v.iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
 #[test]
 fn relu2_squares_the_positive_part() {
     let Some((ctx, stream, _)) = gpu() else {
         return;
     };
     let module = module(&ctx);
-    let x = upload(&[-2.0f32, -0.5, 0.0, 0.5, 3.0]);
-    let b = DevBuf::zeroed(5 * 2).unwrap();
-    launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0;
-        x.ptr, 5i32, x.ptr, b.ptr)
-    .unwrap();
-    let mut got = [0f32; 5];
-    x.read(&mut got, &stream).unwrap();
-    assert_eq!(got, [0.0, 0.0, 0.0, 0.25, 9.0]);
-    let mut got_b = [0u16; 5];
-    b.read(&mut got_b, &stream).unwrap();
-    let widened: Vec<f32> = got_b
-        .iter()
-        .map(|&v| half::bf16::from_bits(v).to_f32())
-        .collect();
-    assert_eq!(widened, [0.0, 0.0, 0.0, 0.25, 9.0]);
-    // From a pointer 4 bytes past 16-byte alignment: one value at a time, the same values.
-    let x = upload(&[7.0f32, -1.0, 2.0, -3.0, 0.5, 4.0]);
-    launch!(&kernels::function(&module, "relu2").unwrap(), &stream, false, (1, 1, 1), 32, 0;
-        x.ptr + 4, 5i32, x.ptr + 4, 0u64)
-    .unwrap();
-    let mut got = [0f32; 6];
-    x.read(&mut got, &stream).unwrap();
-    assert_eq!(got, [7.0, 0.0, 4.0, 0.0, 0.25, 16.0]);
+    let relu2 = kernels::function(&module, "relu2").unwrap();
+    // bf16 in (the up GEMM's output), bf16 out, the square taken in f32 and rounded once: 1.5^2
+    // is exact, (1 + 2^-7)^2 = 1.0156860 rounds to 1.015625 (bf16 keeps 8 bits).
+    let x = upload(&bf16s(&[-2.0, -0.5, 0.0, 0.5, 3.0, 1.5, 1.0078125, -7.0]).0);
+    let out = DevBuf::zeroed(8 * 2).unwrap();
+    launch!(&relu2, &stream, false, (1, 1, 1), 32, 0; x.ptr, 8i32, out.ptr).unwrap();
+    let mut got = [0u16; 8];
+    out.read(&mut got, &stream).unwrap();
+    assert_eq!(
+        widened(&got),
+        [0.0, 0.0, 0.0, 0.25, 9.0, 2.25, 1.015625, 0.0]
+    );
+    // From a pointer 2 bytes past 8-byte alignment, and a count that is not a multiple of four:
+    // one value at a time, the same values.
+    let out = DevBuf::zeroed(8 * 2).unwrap();
+    launch!(&relu2, &stream, false, (1, 1, 1), 32, 0; x.ptr + 2, 7i32, out.ptr + 2).unwrap();
+    out.read(&mut got, &stream).unwrap();
+    assert_eq!(
+        widened(&got),
+        [0.0, 0.0, 0.0, 0.25, 9.0, 2.25, 1.015625, 0.0]
+    );
+}
+
+#[test]
+fn swiglu_reads_gate_and_up_as_bf16() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let swiglu = kernels::function(&module, "swiglu").unwrap();
+    // Rows of gate then up (bf16, the stacked GEMM's output); silu(g) * u in f32, rounded once.
+    // An intermediate width of 4 takes the 8-byte path, 3 the one-at-a-time path.
+    for inter in [4usize, 3] {
+        let rows = 2;
+        let gu: Vec<f32> = (0..rows * 2 * inter)
+            .map(|i| ((i * 7) % 11) as f32 * 0.375 - 1.75)
+            .collect();
+        let gu = bf16s(&gu).0;
+        let want: Vec<f32> = (0..rows * inter)
+            .map(|k| {
+                let (r, j) = (k / inter, k % inter);
+                let g = half::bf16::from_bits(gu[r * 2 * inter + j]).to_f32();
+                let u = half::bf16::from_bits(gu[r * 2 * inter + inter + j]).to_f32();
+                half::bf16::from_f32(g / (1.0 + (-g).exp()) * u).to_f32()
+            })
+            .collect();
+        let x = upload(&gu);
+        let out = DevBuf::zeroed(rows * inter * 2).unwrap();
+        launch!(&swiglu, &stream, false, (1, rows as u32, 1), 32, 0; x.ptr, out.ptr, inter as i32)
+            .unwrap();
+        let mut got = vec![0u16; rows * inter];
+        out.read(&mut got, &stream).unwrap();
+        // expf against Rust's exp: the same bf16 but where the f32 results straddle a rounding
+        // boundary, one bf16 step at most.
+        for (k, (g, w)) in widened(&got).iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= w.abs() / 128.0,
+                "inter {inter}, value {k}: {g} against {w}"
+            );
+        }
+    }
 }
 
 /// The decode step's two forms (mamba.cu): a block an item (sequence, head), and persistent, a

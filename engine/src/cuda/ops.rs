@@ -373,7 +373,7 @@ impl CudaBackend {
         self.mark("embed", 0)
     }
 
-    /// The MLP's activation of `rows` rows of its up GEMM's f32 output `up` into `act_bf16` (the
+    /// The MLP's activation of `rows` rows of its up GEMM's bf16 output `up` into `act_bf16` (the
     /// down GEMM's input): SwiGLU over gate and up stacked, or relu2.
     pub(super) fn mlp_activation(
         &self,
@@ -384,20 +384,16 @@ impl CudaBackend {
     ) -> Result<()> {
         let width = m.down.cols;
         if !m.swiglu {
-            return self.relu2(up, rows * width, 0, act_bf16);
+            let n = rows * width;
+            launch!(&self.f.relu2, &self.stream, self.pdl,
+                (n.div_ceil(256 * plan::ACT_VALUES) as u32, 1, 1), 256, 0;
+                up, n as i32, act_bf16)?;
+            return self.mark("relu2", 0);
         }
         launch!(&self.f.swiglu, &self.stream, self.pdl,
             (width.div_ceil(256 * plan::ACT_VALUES) as u32, rows as u32, 1), 256, 0;
             up, act_bf16, width as i32)?;
         self.mark("swiglu", 0)
-    }
-
-    /// relu(x)^2 of `n` values of `x` into f32 and/or bf16 (0 = not written).
-    pub(super) fn relu2(&self, x: u64, n: usize, out_f32: u64, out_bf16: u64) -> Result<()> {
-        launch!(&self.f.relu2, &self.stream, self.pdl,
-            (n.div_ceil(256 * plan::ACT_VALUES) as u32, 1, 1), 256, 0;
-            x, n as i32, out_f32, out_bf16)?;
-        self.mark("relu2", 0)
     }
 
     /// The verify request's score of `batch` rows whose normalised last hidden states are `xn`

@@ -324,8 +324,9 @@ pub enum StepPath {
     /// activation folded in, f32 activations (about 16 bits of each kept on the tensor cores).
     #[serde(rename = "gemv")]
     Gemv,
-    /// cuBLAS GEMMs, bf16 in and f32 out, as prefill runs them: RMSNorm, SwiGLU or relu2 and
-    /// the lm_head's argmax are kernels of their own, and every activation a GEMM reads is bf16.
+    /// cuBLAS GEMMs, bf16 in and f32 out (bf16 out for the MLP's up GEMM), as prefill runs
+    /// them: RMSNorm, SwiGLU or relu2 and the lm_head's argmax are kernels of their own, and
+    /// every activation a GEMM reads is bf16.
     #[serde(rename = "cublas")]
     Blas,
 }
@@ -813,7 +814,7 @@ pub struct DecodeLayout {
     pub gated: usize,
     /// The cuBLAS path's ([`StepPath::Blas`]) GEMM inputs, bf16: the normalised residual
     /// stream, the MLP's activation, attention's and the gated norm's outputs; the up GEMM's
-    /// f32 output before its activation; the lm_head's f32 logits before the argmax.
+    /// bf16 output before its activation; the lm_head's f32 logits before the argmax.
     pub xn_bf16: usize,
     pub act_bf16: usize,
     pub attn_bf16: usize,
@@ -873,8 +874,8 @@ impl DecodeLayout {
 
     /// Device bytes of all decode buffers (f32 and i32 are 4 bytes each, bf16 2).
     pub fn bytes(&self) -> usize {
-        2 * (self.xn_bf16 + self.act_bf16 + self.attn_bf16 + self.gated_bf16)
-            + 4 * (self.up + self.logits)
+        2 * (self.xn_bf16 + self.act_bf16 + self.attn_bf16 + self.gated_bf16 + self.up)
+            + 4 * self.logits
             + 4 * (2 * self.x
                 + self.qkv
                 + self.attn
@@ -931,15 +932,8 @@ impl PrefillLayout {
     }
 
     pub fn bytes(&self) -> usize {
-        4 * (self.x
-            + self.qkv
-            + self.gate_up
-            + self.tiles
-            + self.zxbcdt
-            + self.xbc
-            + self.ssm_y
-            + 3 * self.rows)
-            + 2 * (self.xn_bf16 + self.attn_bf16 + self.act_bf16 + self.gated_bf16)
+        4 * (self.x + self.qkv + self.tiles + self.zxbcdt + self.xbc + self.ssm_y + 3 * self.rows)
+            + 2 * (self.xn_bf16 + self.attn_bf16 + self.gate_up + self.act_bf16 + self.gated_bf16)
     }
 }
 
