@@ -432,7 +432,7 @@ impl Backend for CudaBackend {
             "gemv_tuning": self.tuning,
             "step_paths": self.paths,
             "max_batch": self.max_batch,
-            "prefill_gemm": "cublasLt bf16 -> f32, an algorithm pinned per shape and class of prompt length, run through its fastest twin of the same bits (gemm_tuning)",
+            "prefill_gemm": "cublasLt bf16 -> f32 (bf16 for the MLP's up, read once by its activation), an algorithm pinned per shape and class of prompt length, run through its fastest twin of the same bits (gemm_tuning)",
             "gemm_tuning": self.gemms,
             "load_cache": self.load_cache(),
             "degraded": self.degraded,
