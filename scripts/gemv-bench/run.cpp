@@ -19,7 +19,8 @@
 // long or all short, each 32 splits deep as the engine launches them (attention.cu without its
 // folded RoPE, attention_batch.cu without the rope_kv launch it needs before it); then both
 // with the rotation and K/V write folded in (engine_rope, batch_rope*: attention_batch.cu's
-// ROPE instantiations in variants.cu, against engine_rope's output): time
+// ROPE instantiations in variants.cu, against engine_rope's output), and the cuBLAS step's pair
+// rope_kv + attention_batch.cu (rope_kv+batch*, maxdiff -1: not checked): time
 // per launch, K/V read rate, and the largest difference from the engine's output relative to its
 // largest magnitude.
 #include <cuda.h>
@@ -499,6 +500,19 @@ static void att_bench() {
                         CK(cuFuncSetAttribute(fr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, rope_smem));
                         auto tr = [&] { next_copy(); launch3(fr, 32, rope_smem, br); };
                         report(std::string("batch_rope") + v, tr, checked(tr));
+                    }
+                    // What the cuBLAS step runs today: rope_kv (the rotation and the K/V write, a
+                    // block a row), then attention_batch.cu; the pair's time against batch_rope's.
+                    // rope_kv rotates qkv in place at every launch, so the outputs are not checked.
+                    CUfunction frk = fn("rope_kv");
+                    if (!frk) { fprintf(stderr, "att: missing rope_kv\n"); exit(1); }
+                    int one = 1;
+                    void* rk[] = {&qkv, &nul, &nul, &nul, &eps, &invf, &pos, &rowt, &tab, &mb, &kc, &vc,
+                                  &nh, &nk, &hd, &bsz, &one};
+                    for (auto& t : tcs) {
+                        CUfunction ftc = t.second;
+                        auto pair = [&] { next_copy(); launch(frk, B, 256, rk, false); launch3(ftc, 32, tc_smem, ta); };
+                        report("rope_kv+" + t.first, pair, -1.0);
                     }
                     CK(cuMemFree(invf));
                 }
