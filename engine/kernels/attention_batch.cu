@@ -1,5 +1,4 @@
-// Decode attention on the tensor cores, for the steps that run on cuBLAS (batches past the
-// GEMVs' 8, and 2-8 where cuBLAS won the load-time timing). attention.cu walks a position a lane
+// Decode attention on the tensor cores, for every step past batch 1 (on the GEMVs and on cuBLAS). attention.cu walks a position a lane
 // group at a time on the CUDA cores, a chain of dependent loads and shuffles; at batch 32 it read
 // the 8B's K/V at 0.7 TB/s (docs/ENGINE.md, sessions 15-17). Here the query heads of a KV group
 // are the rows of an m16n8k16 tile (rows past them zero, never stored), and each warp streams
@@ -13,17 +12,22 @@
 // to finish, from part_o [rows][H][S][D] and part_ml [rows][H][S][2] (counts [rows][KVH], zero
 // between launches; the merging block resets its own).
 //
-// q (f32, rotated by rope_kv, which also wrote the new position's K and V) and p are split into
+// The engine's form (ROPE) also does rope_kv's work for its row, as attention.cu's decode does:
+// bias, q/k norm and rotation of the group's query heads in shared memory, after the stages are
+// issued; the last split's block writes the new position's K and V to the cache (rope_kv.cu's
+// rope_head, so the same bits as rope_kv or a prefill would write) and lays them over its staged
+// chunk, where the cache held the position's old contents. One launch where rope_kv and this were
+// two: 4-8 us a layer less at batch 8 on an H100 (docs/ENGINE.md, session 41).
+//
+// q (f32, rotated) and p are split into
 // two bf16 terms through two mma into f32 accumulators, and K and V are the cache's bf16, as in
 // attention_prefill.cu. out: [rows][H * D], f32 and/or bf16 (null: not written). Dynamic shared
 // memory: plan.rs attention_batch_smem_bytes.
 #define ATT_BATCH_WARPS 4
 
 // SPLIT: positions per split (the engine's ATT_BATCH_SPLIT; scripts/gemv-bench times others).
-// ROPE (scripts/gemv-bench only, for now): the kernel also does rope_kv's work for its row, as
-// attention.cu's decode does (bias, q/k norm and rotation of the group's query heads in shared
-// memory, after the stages; the last split's block writes the new position's K and V to the
-// cache and puts them into its staged chunk over what the cache held there).
+// ROPE: the rotation and K/V write folded in (the engine's); without it (scripts/gemv-bench's
+// variants.cu only) q is read as rope_kv left it, which also wrote the new K and V.
 template <int D, int SPLIT, bool ROPE>
 __device__ __forceinline__ void attention_batch_body(
     const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
@@ -203,8 +207,27 @@ __device__ __forceinline__ void attention_batch_body(
     }
 }
 
-// NAME: the kernel for head dim D at SPLIT positions a split, its rows rotated and their K/V
-// written by rope_kv before it.
+// NAME: the kernel for head dim D at SPLIT positions a split, with the rotation and K/V write
+// folded in (ROPE, the engine's: inv_freq as attention.cu's decode takes it), or (scripts/
+// gemv-bench's variants.cu only) its rows rotated and their K/V written by rope_kv before it.
+// ROPE asks for three blocks a multiprocessor, what the other form gets unasked (168 registers
+// at D 128): unbounded, the rotation took D 128 to 204 registers and two blocks, and over long
+// contexts it ran 3-6% slower than rope_kv and the other form together (H100, session 41). At
+// three, ptxas spills 8 bytes there.
+#define ATT_BATCH_ROPE_KERNEL(NAME, D, SPLIT)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS, 3) NAME(                         \
+        const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
+        const int* __restrict__ positions, const int* __restrict__ row_table,                           \
+        const int* __restrict__ block_tables, int max_blocks, int num_heads, int num_kv_heads,          \
+        int block_size, float scale, float* __restrict__ part_o, float* __restrict__ part_ml,           \
+        int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16,             \
+        const bf16* __restrict__ bias, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, \
+        float eps, const float* __restrict__ inv_freq) {                                                \
+        attention_batch_body<D, SPLIT, true>(qkv, ld_qkv, k_cache, v_cache, positions, row_table,       \
+                                             block_tables, max_blocks, num_heads, num_kv_heads,         \
+                                             block_size, scale, part_o, part_ml, counts, out_f32,       \
+                                             out_bf16, bias, q_norm, k_norm, eps, inv_freq);            \
+    }
 #define ATT_BATCH_KERNEL(NAME, D, SPLIT)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) NAME(                            \
         const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
@@ -217,7 +240,7 @@ __device__ __forceinline__ void attention_batch_body(
                                               block_size, scale, part_o, part_ml, counts, out_f32,      \
                                               out_bf16, nullptr, nullptr, nullptr, 0.0f, nullptr);      \
     }
-ATT_BATCH_KERNEL(attention_batch_d16, 16, ATT_BATCH_SPLIT)
-ATT_BATCH_KERNEL(attention_batch_d32, 32, ATT_BATCH_SPLIT)
-ATT_BATCH_KERNEL(attention_batch_d64, 64, ATT_BATCH_SPLIT)
-ATT_BATCH_KERNEL(attention_batch_d128, 128, ATT_BATCH_SPLIT)
+ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d16, 16, ATT_BATCH_SPLIT)
+ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d32, 32, ATT_BATCH_SPLIT)
+ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d64, 64, ATT_BATCH_SPLIT)
+ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d128, 128, ATT_BATCH_SPLIT)

@@ -1,9 +1,9 @@
 // After the q/k/v projection, for each row (token): add the q/k/v biases (Qwen2), apply the
 // per-head q/k RMSNorm (Qwen3), rotate q and k (Hugging Face rotate_half convention, f32
 // angles as transformers computes them), and write k and v into the row's paged KV block.
-// q stays in `qkv` (rotated in place) for the attention kernel. Prefill, and the decode steps
-// whose attention is attention_batch.cu (`decode` set); attention.cu's decode does this inside
-// its own kernel (`inv_freq` set).
+// q stays in `qkv` (rotated in place) for the attention kernel. Prefill only: the decode
+// attention kernels (attention.cu, attention_batch.cu) do this inside themselves, through the
+// same rope_head, so a K/V row has the same bits whichever wrote it.
 //
 // qkv: [rows][(H + 2*KVH) * D] f32. Cache layout per layer: [block][kv_head][slot][D] bf16.
 // One block per row; each warp takes one head at a time.
@@ -67,7 +67,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const bf16* __restri
                                    const float* __restrict__ inv_freq, const int* __restrict__ positions,
                                    const int* __restrict__ row_table, const int* __restrict__ block_tables,
                                    int max_blocks, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                   int num_heads, int num_kv_heads, int head_dim, int block_size, int decode) {
+                                   int num_heads, int num_kv_heads, int head_dim, int block_size) {
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.x;
@@ -79,11 +79,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const bf16* __restri
     const int slot = pos % block_size;
     float f[2];
     rope_freqs(inv_freq, head_dim / 2, lane, f);
-#ifdef FAULT_ROPE_SHIFT
-    const RopeAngles rot = rope_angles(f, pos + decode);  // as attention.cu's decode rotates
-#else
     const RopeAngles rot = rope_angles(f, pos);
-#endif
     for (int h = warp; h < total_heads; h += nwarps) {
         float* v = r + h * head_dim;
         rope_head(v, h, num_heads, num_kv_heads, head_dim, bias, q_norm, k_norm, eps, rot, lane);

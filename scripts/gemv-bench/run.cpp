@@ -501,14 +501,14 @@ static void att_bench() {
                         auto tr = [&] { next_copy(); launch3(fr, 32, rope_smem, br); };
                         report(std::string("batch_rope") + v, tr, checked(tr));
                     }
-                    // What the cuBLAS step runs today: rope_kv (the rotation and the K/V write, a
-                    // block a row), then attention_batch.cu; the pair's time against batch_rope's.
-                    // rope_kv rotates qkv in place at every launch, so the outputs are not checked.
+                    // What the batched steps ran before session 41: rope_kv (the rotation and the
+                    // K/V write, a block a row), then attention_batch.cu; the pair's time against
+                    // batch_rope's (the engine's since). rope_kv rotates qkv in place at every
+                    // launch, so the outputs are not checked.
                     CUfunction frk = fn("rope_kv");
                     if (!frk) { fprintf(stderr, "att: missing rope_kv\n"); exit(1); }
-                    int one = 1;
                     void* rk[] = {&qkv, &nul, &nul, &nul, &eps, &invf, &pos, &rowt, &tab, &mb, &kc, &vc,
-                                  &nh, &nk, &hd, &bsz, &one};
+                                  &nh, &nk, &hd, &bsz};
                     for (auto& t : tcs) {
                         CUfunction ftc = t.second;
                         auto pair = [&] { next_copy(); launch(frk, B, 256, rk, false); launch3(ftc, 32, tc_smem, ta); };

@@ -67,33 +67,16 @@ MMAS_B(1)
 MMAS_B(8)
 
 // attention_batch.cu at other split lengths than the engine's ATT_BATCH_SPLIT, for run.cpp's
-// `att` (the same kernel otherwise).
+// `att`, without its rotation (after rope_kv, as the engine ran it before session 41) and with
+// it (ROPE, the engine's form at 256).
+ATT_BATCH_KERNEL(attention_batch_d64, 64, ATT_BATCH_SPLIT)
+ATT_BATCH_KERNEL(attention_batch_d128, 128, ATT_BATCH_SPLIT)
 ATT_BATCH_KERNEL(attention_batch_s64_d64, 64, 64)
 ATT_BATCH_KERNEL(attention_batch_s128_d64, 64, 128)
 ATT_BATCH_KERNEL(attention_batch_s64_d128, 128, 64)
 ATT_BATCH_KERNEL(attention_batch_s128_d128, 128, 128)
-
-// attention_batch.cu doing rope_kv's work itself (ROPE), as attention.cu's decode does, at splits
-// of 64, 128 and 256 positions: against attention.cu with its RoPE, so neither side pays a
-// launch the other does not.
-#define ATT_BATCH_ROPE_KERNEL(NAME, D, SPLIT)                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS) NAME(                            \
-        const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
-        const int* __restrict__ positions, const int* __restrict__ row_table,                           \
-        const int* __restrict__ block_tables, int max_blocks, int num_heads, int num_kv_heads,          \
-        int block_size, float scale, float* __restrict__ part_o, float* __restrict__ part_ml,           \
-        int* __restrict__ counts, float* __restrict__ out_f32, bf16* __restrict__ out_bf16,             \
-        const bf16* __restrict__ bias, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm, \
-        float eps, const float* __restrict__ inv_freq) {                                                \
-        attention_batch_body<D, SPLIT, true>(qkv, ld_qkv, k_cache, v_cache, positions, row_table,       \
-                                             block_tables, max_blocks, num_heads, num_kv_heads,         \
-                                             block_size, scale, part_o, part_ml, counts, out_f32,       \
-                                             out_bf16, bias, q_norm, k_norm, eps, inv_freq);            \
-    }
-ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d64, 64, 256)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s64_d64, 64, 64)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s128_d64, 64, 128)
-ATT_BATCH_ROPE_KERNEL(attention_batch_rope_d128, 128, 256)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s64_d128, 128, 64)
 ATT_BATCH_ROPE_KERNEL(attention_batch_rope_s128_d128, 128, 128)
 

@@ -327,13 +327,39 @@ fn a_prefill_rows_bits_depend_on_its_own_prompt_and_position_only() {
     );
 }
 
+/// What the batched decode attention folds in, on the device: the rotation's frequencies (zeros:
+/// the identity, each row's q taken as given) and the bias and q/k norm weights (null: none).
+struct Fold {
+    inv_freq: DevBuf,
+    bias: Option<DevBuf>,
+    q_norm: Option<DevBuf>,
+    k_norm: Option<DevBuf>,
+}
+
+impl Fold {
+    fn identity(cfg: &ModelConfig) -> Self {
+        Self {
+            inv_freq: upload(&vec![0f32; cfg.head_dim / 2]),
+            bias: None,
+            q_norm: None,
+            k_norm: None,
+        }
+    }
+}
+
+fn ptr(b: &Option<DevBuf>) -> u64 {
+    b.as_ref().map_or(0, |b| b.ptr)
+}
+
 /// attention_batch.cu's f32 and bf16 outputs for decode rows (one per sequence, each at its own
-/// last position), its grid [`plan::MAX_SPLITS`] deep as the step launches it.
-fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
+/// last position) over the device inputs `dev` ([`Cache::upload`]'s), its grid
+/// [`plan::MAX_SPLITS`] deep as the step launches it, folding in `fold`; it writes each row's new
+/// K/V into `dev`'s cache.
+fn run_batch_on(c: &Cache, pass: &Pass, dev: &[DevBuf; 6], fold: &Fold) -> (Vec<f32>, Vec<u16>) {
     let (_ctx, stream, _) = gpu().unwrap();
     let module = module(&_ctx);
     let cfg = &c.cfg;
-    let [kd, vd, td, qd, pd, rd] = c.upload(pass);
+    let [kd, vd, td, qd, pd, rd] = dev;
     let n_out = pass.rows * cfg.q_dim();
     let (of, ob) = (
         DevBuf::zeroed(4 * n_out).unwrap(),
@@ -347,17 +373,18 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
     let f = super::load::staged_attention_function(
         &module,
         plan::attention_batch_kernel(cfg),
-        plan::attention_batch_smem_bytes(cfg.head_dim),
+        plan::attention_batch_smem_bytes(cfg),
     )
     .unwrap()
     .unwrap();
     let launch_once = || {
         launch!(&f, &stream, false,
             (pass.rows as u32, cfg.num_kv_heads as u32, plan::MAX_SPLITS as u32),
-            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(cfg.head_dim);
+            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(cfg);
             qd.ptr, i(pass.ld), kd.ptr, vd.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks),
             i(cfg.num_heads), i(cfg.num_kv_heads), i(c.block_size), scale, part_o.ptr,
-            part_ml.ptr, counts.ptr, of.ptr, ob.ptr)
+            part_ml.ptr, counts.ptr, of.ptr, ob.ptr, ptr(&fold.bias), ptr(&fold.q_norm),
+            ptr(&fold.k_norm), cfg.rms_norm_eps, fold.inv_freq.ptr)
         .unwrap();
         let mut got = vec![0f32; n_out];
         of.read(&mut got, &stream).unwrap();
@@ -375,6 +402,30 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
     first
 }
 
+/// [`run_batch_on`] with the identity rotation over a fresh upload of the cache, each row's new
+/// k and v those the cache already holds at its position (so writing them changes nothing and
+/// the f64 reference over the cache holds).
+fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
+    let cfg = &c.cfg;
+    let (q, kv, d) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let mut pass_kv = Pass {
+        segments: pass.segments.clone(),
+        qkv: pass.qkv.clone(),
+        positions: pass.positions.clone(),
+        row_table: pass.row_table.clone(),
+        ..*pass
+    };
+    for r in 0..pass.rows {
+        let (table, pos) = (pass.row_table[r] as usize, pass.positions[r] as usize);
+        for h in 0..cfg.num_kv_heads {
+            let at = c.at(table, h, pos);
+            let row = &mut pass_kv.qkv[r * pass.ld..][..pass.ld];
+            row[q + h * d..][..d].copy_from_slice(&c.k.1[at..at + d]);
+            row[q + kv + h * d..][..d].copy_from_slice(&c.v.1[at..at + d]);
+        }
+    }
+    run_batch_on(c, &pass_kv, &c.upload(&pass_kv), &Fold::identity(cfg))
+}
 #[test]
 fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
     if gpu().is_none() {
@@ -410,6 +461,79 @@ fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
             );
         }
         eprintln!("({heads}, {kvh}, {d}, {bs}): batch attention error {e:.2e}");
+    }
+}
+
+/// The batched decode attention with the rotation and K/V write folded in leaves the outputs and
+/// the cache that rope_kv (as prefill runs it) followed by the same attention over the rotated
+/// rows leaves, bit for bit: bias, q/k norm and rotation at each row's own position, the new K/V
+/// at its slot, over a scattered cache; with and without the bias and norms (Qwen2's, Qwen3's).
+#[test]
+fn batch_attention_folds_rope_kv_in_to_the_bit() {
+    let Some((ctx, stream, _)) = gpu() else {
+        return;
+    };
+    let module = module(&ctx);
+    let rope_kv = kernels::function(&module, "rope_kv").unwrap();
+    for (heads, kvh, d, bs) in SHAPES {
+        let ctxs = [1, 13, plan::ATT_BATCH_SPLIT + 16, 1_064];
+        let c = Cache::new(config(heads, kvh, d), bs, ctxs.len(), 1_064);
+        let cfg = &c.cfg;
+        let rows: Vec<_> = ctxs
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (s, n - 1, 1))
+            .collect();
+        let mut pass = Pass::new(cfg, &rows);
+        // Every head of every row, q, k and v, random (Pass::new leaves k and v zero).
+        pass.qkv = values(pass.qkv.len(), 91);
+        let inv_freq = upload(&crate::rope::inv_freq(&cfg.rope, d));
+        for with_weights in [false, true] {
+            let weights = |n: usize, seed: u64, off: f32| {
+                with_weights.then(|| {
+                    upload(
+                        &bf16s(
+                            &values(n, seed)
+                                .iter()
+                                .map(|x| off + 0.5 * x)
+                                .collect::<Vec<_>>(),
+                        )
+                        .0,
+                    )
+                })
+            };
+            let fold = Fold {
+                inv_freq: upload(&crate::rope::inv_freq(&cfg.rope, d)),
+                bias: weights(pass.ld, 92, 0.0),
+                q_norm: weights(d, 93, 1.0),
+                k_norm: weights(d, 94, 1.0),
+            };
+            // rope_kv over the rows, then the kernel with nothing left to fold.
+            let before = c.upload(&pass);
+            let [kd, vd, td, qd, pd, rd] = &before;
+            let i = |v: usize| v as i32;
+            launch!(&rope_kv, &stream, false, (pass.rows as u32, 1, 1), 256, 0;
+                qd.ptr, ptr(&fold.bias), ptr(&fold.q_norm), ptr(&fold.k_norm),
+                cfg.rms_norm_eps, inv_freq.ptr, pd.ptr, rd.ptr, td.ptr, i(c.max_blocks), kd.ptr,
+                vd.ptr, i(heads), i(kvh), i(d), i(bs))
+            .unwrap();
+            let (want, want_b) = run_batch_on(&c, &pass, &before, &Fold::identity(cfg));
+            // The kernel folding it all in, over the rows as they came from the GEMM.
+            let folded = c.upload(&pass);
+            let (got, got_b) = run_batch_on(&c, &pass, &folded, &fold);
+            let how = format!("({heads}, {kvh}, {d}, {bs}), bias and norms {with_weights}");
+            assert_eq!(differing_bits(&got, &want), 0, "{how}: outputs differ");
+            assert_eq!(got_b, want_b, "{how}: bf16 outputs differ");
+            for (name, k) in [("K", 0), ("V", 1)] {
+                let mut a = vec![0u16; c.k.0.len()];
+                let mut b = vec![0u16; c.k.0.len()];
+                before[k].read(&mut a, &stream).unwrap();
+                folded[k].read(&mut b, &stream).unwrap();
+                assert!(a == b, "{how}: the {name} caches differ");
+                let original = if k == 0 { &c.k.0 } else { &c.v.0 };
+                assert!(&a != original, "{how}: no new {name} row was written");
+            }
+        }
     }
 }
 

@@ -204,7 +204,7 @@ impl CudaBackend {
                             rows,
                             false,
                         )?;
-                        self.rope_kv(a, pf.qkv.ptr, n, paging, false)?;
+                        self.rope_kv(a, pf.qkv.ptr, n, paging)?;
                         if self.f.attention_prefill.is_some() {
                             self.attention_prefill(
                                 a,

@@ -489,7 +489,7 @@ mod tests {
         let attention = (0..=3)
             .map(|p| format!("attention_g{}", 1 << p))
             .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_prefill_d{d}")))
-            .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_batch_d{d}")));
+            .chain(plan::ATT_PF_HEAD_DIMS.map(|d| format!("attention_batch_rope_d{d}")));
         let others = [
             "embed_gather",
             "rmsnorm",

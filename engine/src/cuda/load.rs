@@ -629,7 +629,7 @@ impl Funcs {
             attention_batch: staged_attention_function(
                 module,
                 plan::attention_batch_kernel(cfg),
-                plan::attention_batch_smem_bytes(cfg.head_dim),
+                plan::attention_batch_smem_bytes(cfg),
             )?,
             swiglu: k("swiglu")?,
             argmax_final: k("argmax_final")?,

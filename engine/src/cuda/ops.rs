@@ -197,22 +197,21 @@ impl CudaBackend {
         self.mark("argmax_final", 0)
     }
 
-    /// Bias, q/k norm, RoPE and the paged K/V write for `rows` rows of `qkv`: a prefill pass's,
-    /// or a decode step's (`decode`) before [`Self::attention_batch`].
+    /// Bias, q/k norm, RoPE and the paged K/V write for a prefill pass's `rows` rows of `qkv`
+    /// (the decode attention kernels do it themselves).
     pub(super) fn rope_kv(
         &self,
         l: &AttentionWeights,
         qkv: u64,
         rows: usize,
         p: Paging,
-        decode: bool,
     ) -> Result<()> {
         let c = &self.cfg;
         launch!(&self.f.rope_kv, &self.stream, self.pdl, (rows as u32, 1, 1), 256, 0;
             qkv, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm), c.rms_norm_eps,
             self.inv_freq.ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
             self.k_cache[l.cache].ptr, self.v_cache[l.cache].ptr, c.num_heads as i32,
-            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32, decode as i32)?;
+            c.num_kv_heads as i32, c.head_dim as i32, self.pool.block_size as i32)?;
         self.mark("rope_kv", 0)
     }
 
@@ -233,12 +232,13 @@ impl CudaBackend {
         self.mark("attention", 0)
     }
 
-    /// Decode attention on the tensor cores (attention_batch.cu), for the cuBLAS step: `a`'s rows
-    /// one per sequence, rotated and their K/V written by [`Self::rope_kv`] just before (`a.rope`
-    /// unset), its grid `a.splits` deep. The caller has checked that the model has the kernel
-    /// (`f.attention_batch`).
+    /// Decode attention on the tensor cores (attention_batch.cu), for every step past batch 1:
+    /// `a`'s rows one per sequence, each rotated and its K/V written by the kernel itself (as
+    /// [`Self::rope_kv`] would, the same bits), its grid `a.splits` deep. The caller has checked
+    /// that the model has the kernel (`f.attention_batch`).
     pub(super) fn attention_batch(&self, a: &Attention) -> Result<()> {
         let c = &self.cfg;
+        let l = a.w;
         let p = &a.paging;
         let f = self
             .f
@@ -247,12 +247,13 @@ impl CudaBackend {
             .expect("checked by the caller");
         launch!(f, &self.stream, self.pdl,
             (a.rows as u32, c.num_kv_heads as u32, a.splits as u32),
-            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(c.head_dim);
-            a.qkv, self.qkv_width() as i32, self.k_cache[a.w.cache].ptr,
-            self.v_cache[a.w.cache].ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
+            32 * plan::ATT_BATCH_WARPS as u32, plan::attention_batch_smem_bytes(c);
+            a.qkv, self.qkv_width() as i32, self.k_cache[l.cache].ptr,
+            self.v_cache[l.cache].ptr, p.positions, p.row_table, p.tables, p.max_blocks as i32,
             c.num_heads as i32, c.num_kv_heads as i32, self.pool.block_size as i32,
             self.faults.attention_scale(c.head_dim), a.part_o, a.part_ml, a.counts, a.out_f32,
-            a.out_bf16)?;
+            a.out_bf16, ptr_or_null(&l.qkv_bias), ptr_or_null(&l.q_norm), ptr_or_null(&l.k_norm),
+            c.rms_norm_eps, self.inv_freq.ptr)?;
         self.mark("attention", 0)
     }
 

@@ -726,22 +726,24 @@ pub fn attention_prefill_kernel(cfg: &ModelConfig) -> Option<String> {
         .then(|| format!("attention_prefill_d{}", cfg.head_dim))
 }
 
-/// The cuBLAS step's decode attention on the tensor cores (`attention_batch_d{D}`, D one of
-/// [`ATT_PF_HEAD_DIMS`], a KV group's query heads the 16 rows of an mma tile), or none: other
-/// shapes run attention.cu on that path too.
+/// The decode attention of steps past batch 1 on the tensor cores, the rotation and K/V write
+/// folded in (`attention_batch_rope_d{D}`, D one of [`ATT_PF_HEAD_DIMS`], a KV group's query
+/// heads the 16 rows of an mma tile), or none: other shapes run attention.cu at every batch.
 pub fn attention_batch_kernel(cfg: &ModelConfig) -> Option<String> {
     (ATT_PF_HEAD_DIMS.contains(&cfg.head_dim) && cfg.num_heads / cfg.num_kv_heads <= 16)
-        .then(|| format!("attention_batch_d{}", cfg.head_dim))
+        .then(|| format!("attention_batch_rope_d{}", cfg.head_dim))
 }
 
-/// Warps per block of `attention_batch_d{D}` (attention_batch.cu `ATT_BATCH_WARPS`).
+/// Warps per block of `attention_batch_rope_d{D}` (attention_batch.cu `ATT_BATCH_WARPS`).
 pub const ATT_BATCH_WARPS: usize = 4;
 
-/// Dynamic shared memory of `attention_batch_d{D}`: per warp two stages of a chunk's K and V
-/// (16 positions, each row padded by 8 bf16); the warps' outputs and (max, sum), merged in the
-/// same memory after, take less.
-pub fn attention_batch_smem_bytes(head_dim: usize) -> u32 {
-    (ATT_BATCH_WARPS * 2 * 2 * 16 * (head_dim + 8) * 2) as u32
+/// Dynamic shared memory of `attention_batch_rope_d{D}`: per warp two stages of a chunk's K and
+/// V (16 positions, each row padded by 8 bf16), then the group's query heads and the new k and v
+/// in f32 while they are rotated, and the new k and v as cached (bf16); the warps' outputs and
+/// (max, sum), merged in the stages' memory after, take less.
+pub fn attention_batch_smem_bytes(cfg: &ModelConfig) -> u32 {
+    let (d, g) = (cfg.head_dim, cfg.num_heads / cfg.num_kv_heads);
+    (ATT_BATCH_WARPS * 2 * 2 * 16 * (d + 8) * 2 + (g + 2) * d * 4 + 2 * d * 2) as u32
 }
 
 /// Dynamic shared memory of the prefill attention: K and V tiles of [`ATT_PF_POS`] positions,
@@ -1089,13 +1091,17 @@ mod tests {
         assert_eq!(d.qkv, 8 * (2048 + 2 * 512));
         assert_eq!(d.part_o, 8 * 32 * 32 * 64);
         assert_eq!(attention_kernel(&c), "attention_g4");
-        // The cuBLAS step's attention on the tensor cores: 4 warps, each two stages of 16
-        // positions of K and V, rows of 64 + 8 bf16.
+        // The batched steps' attention on the tensor cores: 4 warps, each two stages of 16
+        // positions of K and V, rows of 64 + 8 bf16; then the 4 query heads of a group and the
+        // new k and v (f32), and the new k and v (bf16).
         assert_eq!(
             attention_batch_kernel(&c).as_deref(),
-            Some("attention_batch_d64")
+            Some("attention_batch_rope_d64")
         );
-        assert_eq!(attention_batch_smem_bytes(64), 4 * 2 * 2 * 16 * 72 * 2);
+        assert_eq!(
+            attention_batch_smem_bytes(&c),
+            4 * 2 * 2 * 16 * 72 * 2 + 6 * 64 * 4 + 2 * 64 * 2
+        );
         assert_eq!(d.counts, 8 * 8);
         let p = PrefillLayout::new(&c, 512);
         assert_eq!(p.gate_up, 512 * 16384);

@@ -42,8 +42,8 @@ impl CudaBackend {
     }
 
     /// Whether a step of `batch` rows runs its decode attention on the tensor cores
-    /// (attention_batch.cu after rope_kv) rather than attention.cu: every batch past 1, where the
-    /// model has the kernel.
+    /// (attention_batch.cu) rather than attention.cu: every batch past 1, where the model has the
+    /// kernel.
     fn attention_on_tensor_cores(&self, batch: usize) -> bool {
         batch > 1 && self.f.attention_batch.is_some()
     }
@@ -56,11 +56,12 @@ impl CudaBackend {
         }
     }
 
-    /// Decode attention of `batch` rows of `qkv`: at batch 1 attention.cu with its RoPE and K/V
-    /// write folded in; at larger batches, on either path, attention_batch.cu after rope_kv where
-    /// the model has it. Its splits of 256 positions are 1.3-2.4x faster than attention.cu's
-    /// at batch 8 and 32 and slower at batch 1 over a long context (docs/ENGINE.md, session
-    /// 18); batch 1 already has GEMVs of its own (tune.rs), so its rows' bits are its own too.
+    /// Decode attention of `batch` rows of `qkv`, the rotation and K/V write folded in: at batch
+    /// 1 attention.cu; at larger batches, on either path, attention_batch.cu where the model has
+    /// it. Its splits of 256 positions are 1.3-2.4x faster than attention.cu's at batch 8 and 32
+    /// and slower at batch 1 over a long context (docs/ENGINE.md, session 18); batch 1 already
+    /// has GEMVs of its own (tune.rs), so its rows' bits are its own too. Both write a K/V row
+    /// as rope_kv does (rope_head), so a sequence's cache is the same bits at any batch.
     fn decode_attention(
         &self,
         a: &crate::cuda::load::AttentionWeights,
@@ -81,10 +82,9 @@ impl CudaBackend {
             counts: d.counts.ptr,
             out_f32,
             out_bf16,
-            rope: !tensor_cores,
+            rope: true,
         };
         if tensor_cores {
-            self.rope_kv(a, d.qkv.ptr, batch, att.paging, true)?;
             self.attention_batch(&att)
         } else {
             self.attention(&att)
