@@ -17,7 +17,7 @@
 // issued; the last split's block writes the new position's K and V to the cache (rope_kv.cu's
 // rope_head, so the same bits as rope_kv or a prefill would write) and lays them over its staged
 // chunk, where the cache held the position's old contents. One launch where rope_kv and this were
-// two: 4-8 us a layer less at batch 8 on an H100 (docs/ENGINE.md, session 41).
+// two: 4-7 us a layer less at batch 8 on an H100, alone (docs/ENGINE.md, session 41).
 //
 // q (f32, rotated) and p are split into
 // two bf16 terms through two mma into f32 accumulators, and K and V are the cache's bf16, as in

@@ -406,6 +406,8 @@ fn run_batch_on(c: &Cache, pass: &Pass, dev: &[DevBuf; 6], fold: &Fold) -> (Vec<
 /// k and v those the cache already holds at its position (so writing them changes nothing and
 /// the f64 reference over the cache holds).
 fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
+    // The context outlives the buffers made here (declared first, dropped last).
+    let (_ctx, _, _) = gpu().unwrap();
     let cfg = &c.cfg;
     let (q, kv, d) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
     let mut pass_kv = Pass {
@@ -424,7 +426,8 @@ fn run_batch(c: &Cache, pass: &Pass) -> (Vec<f32>, Vec<u16>) {
             row[q + kv + h * d..][..d].copy_from_slice(&c.v.1[at..at + d]);
         }
     }
-    run_batch_on(c, &pass_kv, &c.upload(&pass_kv), &Fold::identity(cfg))
+    let (dev, fold) = (c.upload(&pass_kv), Fold::identity(cfg));
+    run_batch_on(c, &pass_kv, &dev, &fold)
 }
 #[test]
 fn batch_attention_matches_the_reference_and_a_row_is_the_same_in_any_batch() {
