@@ -107,11 +107,15 @@ pub(super) fn bf16s(v: &[f32]) -> (Vec<u16>, Vec<f32>) {
         .iter()
         .map(|&x| half::bf16::from_f32(x).to_bits())
         .collect();
-    let f = b
-        .iter()
-        .map(|&x| half::bf16::from_bits(x).to_f32())
-        .collect();
+    let f = widened(&b);
     (b, f)
+}
+
+/// The values of bf16 bits.
+pub(super) fn widened(b: &[u16]) -> Vec<f32> {
+    b.iter()
+        .map(|&x| half::bf16::from_bits(x).to_f32())
+        .collect()
 }
 
 /// Seeded values in [-1, 1): the same on every run.

@@ -5,7 +5,7 @@
 
 use super::device::DevBuf;
 use super::gemv_gpu_tests::{
-    bf16s, differing_bits, gpu, module, upload, values, variant_modules, worst_and_scale,
+    bf16s, differing_bits, gpu, module, upload, values, variant_modules, widened, worst_and_scale,
 };
 use super::kernels;
 use super::plan;
@@ -501,12 +501,6 @@ fn a_prompts_bits_do_not_depend_on_its_pass() {
     }
 }
 
-fn widened(v: &[u16]) -> Vec<f32> {
-    v.iter()
-        .map(|&b| half::bf16::from_bits(b).to_f32())
-        .collect()
-}
-
 #[test]
 fn relu2_squares_the_positive_part() {
     let Some((ctx, stream, _)) = gpu() else {
@@ -550,12 +544,11 @@ fn swiglu_reads_gate_and_up_as_bf16() {
         let gu: Vec<f32> = (0..rows * 2 * inter)
             .map(|i| ((i * 7) % 11) as f32 * 0.375 - 1.75)
             .collect();
-        let gu = bf16s(&gu).0;
+        let (gu, guf) = bf16s(&gu);
         let want: Vec<f32> = (0..rows * inter)
             .map(|k| {
                 let (r, j) = (k / inter, k % inter);
-                let g = half::bf16::from_bits(gu[r * 2 * inter + j]).to_f32();
-                let u = half::bf16::from_bits(gu[r * 2 * inter + inter + j]).to_f32();
+                let (g, u) = (guf[r * 2 * inter + j], guf[r * 2 * inter + inter + j]);
                 half::bf16::from_f32(g / (1.0 + (-g).exp()) * u).to_f32()
             })
             .collect();
