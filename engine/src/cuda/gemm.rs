@@ -188,9 +188,12 @@ impl GemmShape {
     /// cuBLASLt of `key`: a cached entry another build or cuBLASLt made, or one of another
     /// output type (an entry older than bf16 outputs reads as f32), is not.
     fn tunes(&self, key: &str, dims: Dims, pass: Pass, rows: &[usize]) -> bool {
-        self.key == key
-            && (self.out, self.inp, self.written, self.pass) == (dims.0, dims.1, dims.2, pass)
-            && self.rows == rows
+        self.key == key && (self.dims(), self.pass) == (dims, pass) && self.rows == rows
+    }
+
+    /// The GEMM it tunes, as [`Matrix::dims`] gives it.
+    fn dims(&self) -> Dims {
+        (self.out, self.inp, self.written)
     }
 
     /// The class a prompt of `len` tokens (a batch of `len`, in the step) is in.
@@ -393,7 +396,7 @@ impl GemmTuning {
     fn shape(&self, w: &Matrix, pass: Pass) -> Option<&GemmShape> {
         self.shapes
             .iter()
-            .find(|s| (s.out, s.inp, s.written, s.pass) == (w.rows, w.cols, w.out, pass))
+            .find(|s| (s.dims(), s.pass) == (w.dims(), pass))
     }
 }
 
@@ -416,7 +419,7 @@ fn ok(s: sys::cublasStatus_t, what: &'static str) -> Result<()> {
 struct Layouts([sys::cublasLtMatrixLayout_t; 3]);
 
 /// A GEMM's shape as cuBLASLt is asked for it: the weight's `out` x `inp` and what it writes.
-type Dims = (usize, usize, Out);
+pub(super) type Dims = (usize, usize, Out);
 
 impl Layouts {
     fn new((out, inp, written): Dims, rows: usize) -> Result<Self> {
@@ -998,7 +1001,7 @@ impl GemmBench<'_> {
                 cached.retain(|c| {
                     !shapes
                         .iter()
-                        .any(|s| c.tunes(&s.key, (s.out, s.inp, s.written), s.pass, &s.rows))
+                        .any(|s| c.tunes(&s.key, s.dims(), s.pass, &s.rows))
                 });
                 cached.extend(shapes.iter().cloned());
                 tune::write_cache(p, &cached);

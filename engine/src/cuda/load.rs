@@ -8,7 +8,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use super::backend::{CudaBackend, BF16, F32};
 use super::device::{driver_err, DevBuf};
-use super::gemm::{gemm_shapes, GemmBench, Out};
+use super::gemm::{gemm_shapes, Dims, GemmBench, Out};
 use super::kernels::{self, Kernels};
 use super::plan::{self, DecodeLayout, GemvMode, PrefillLayout, GEMV_THREADS, PREFILL_CHUNK};
 use super::profiler::Profiler;
@@ -51,7 +51,7 @@ impl Matrix {
     }
 
     /// Its shape as a GEMM sees it: out, in and what it writes.
-    pub fn dims(&self) -> (usize, usize, Out) {
+    pub fn dims(&self) -> Dims {
         (self.rows, self.cols, self.out)
     }
 }
