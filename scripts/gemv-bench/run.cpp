@@ -22,7 +22,7 @@
 // ROPE instantiations in variants.cu, against engine_rope's output), and the cuBLAS step's pair
 // rope_kv + attention_batch.cu (rope_kv+batch*, maxdiff -1: not checked): time
 // per launch, K/V read rate, and the largest difference from the engine's output relative to its
-// largest magnitude.
+// largest magnitude. ATT_ONLY=model,batch,contexts (e.g. 8b,8,mixed) runs that case alone.
 #include <cuda.h>
 #include <algorithm>
 #include <cmath>
@@ -383,6 +383,12 @@ static void att_bench() {
         for (int B : {1, 8, 32}) {
             for (const char* mix : {"mixed", "long", "short"}) {
                 if (B == 1 && strcmp(mix, "mixed") == 0) continue;  // row 0 is long: "long"
+                // ATT_ONLY=model,batch,contexts (e.g. 8b,8,mixed): that case alone, for a profiler.
+                if (const char* only = getenv("ATT_ONLY")) {
+                    char want[64];
+                    snprintf(want, sizeof want, "%s,%d,%s", m.name, B, mix);
+                    if (strcmp(only, want) != 0) continue;
+                }
                 std::vector<int> ctx(B);
                 for (int r = 0; r < B; r++)
                     ctx[r] = strcmp(mix, "short") == 0 ? 80 : (strcmp(mix, "long") == 0 || r % 2 == 0) ? 1064 : 80;
