@@ -3,6 +3,9 @@
 # them in .gpu/ (ignored by git) for a GPU box that has no Rust toolchain. glibc matches on the
 # project's H200 box, so the binaries run there unchanged. Then, on the box, from the repo root:
 #   scripts/gpu-tests.sh .gpu
+# Stage from the checkout whose copy the box runs in: some CPU tests in test-engine-lib find
+# goldens/ through the path cargo compiled them at (CARGO_MANIFEST_DIR), so binaries built in
+# another checkout (a git worktree) fail there while the GPU tests pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu
