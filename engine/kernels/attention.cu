@@ -58,6 +58,39 @@ __device__ __forceinline__ bool att_last_split(int* count, int used, int& ticket
     return true;
 }
 
+// The splits' merge, by the last block to arrive (att_last_split) of a row's KV head: one warp
+// per query head weighs the splits (lane j: split j), then each thread sums its dimensions'
+// partial outputs with every split's load in flight at once (a loop over `used` had waited for
+// each load in turn). heads: the group's first query head among all rows' (row * num_heads +
+// qg * g); part_o [heads][S][head_dim] and part_ml [heads][S][2] as the splits wrote them;
+// wsplit: [g][ATT_MAX_SPLITS] of shared memory that the block no longer reads.
+__device__ __forceinline__ void att_merge_splits(const float* part_o, const float* part_ml,
+                                                 size_t heads, int g, int head_dim, int S, int used, int pos,
+                                                 int warps, float* wsplit, float* out_f32,
+                                                 bf16* out_bf16) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int h = warp; h < g; h += warps) {
+        const size_t base = (heads + h) * S;
+        const float mj = lane < used ? __ldcg(part_ml + (base + lane) * 2) : -INF_F;
+        const float lj = lane < used ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.0f;
+        const float M = warp_max(mj);
+        const float e = lane < used ? expf(mj - M) : 0.0f;
+        wsplit[h * ATT_MAX_SPLITS + lane] = e / warp_sum(e * lj);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < g * head_dim; i += blockDim.x) {
+        const int h = i / head_dim, d = i - h * head_dim;
+        const size_t base = (heads + h) * S;
+        float v[ATT_MAX_SPLITS];
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_SPLITS; j++) v[j] = j < used ? __ldcg(part_o + (base + j) * head_dim + d) : 0.0f;
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_SPLITS; j++) o = fmaf(wsplit[h * ATT_MAX_SPLITS + j], v[j], o);
+        att_store(out_f32, out_bf16, (heads + h) * head_dim + d, att_out(o, pos));
+    }
+}
+
 // Decode's new position, by warp 0 (k) or 1 (v) of the block that holds it: its raw values at
 // `v` (f32) get their bias, norm and rotation as rope_kv gives them (rope_head), and are written
 // to the cache at `at` and, as cached (bf16), to kv_new[warp][head_dim] for the block's own use.
@@ -333,31 +366,9 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ qkv, in
     if (used == 1) return;
     // The last of the row's `used` split blocks for this KV head merges the splits, in order.
     if (!att_last_split(counts + (size_t)row * num_kv_heads + kvh, used, ticket)) return;
-    // One warp per query head weighs the splits (lane j: split j), then each thread sums its
-    // dimensions' partial outputs with every split's load in flight at once (a loop over
-    // `used` had waited for each load in turn).
-    float* wsplit = wo;  // [g][ATT_MAX_SPLITS]: the warps' outputs are merged already
-    for (int h = warp; h < g; h += ATT_WARPS) {
-        const size_t base = ((size_t)row * num_heads + qg * g + h) * S;
-        const float mj = lane < used ? __ldcg(part_ml + (base + lane) * 2) : -INF_F;
-        const float lj = lane < used ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.0f;
-        const float M = warp_max(mj);
-        const float e = lane < used ? expf(mj - M) : 0.0f;
-        wsplit[h * ATT_MAX_SPLITS + lane] = e / warp_sum(e * lj);
-    }
-    __syncthreads();
-
-    for (int i = threadIdx.x; i < gd; i += blockDim.x) {
-        const int h = i / head_dim, d = i - h * head_dim;
-        const size_t base = ((size_t)row * num_heads + qg * g + h) * S;
-        float v[ATT_MAX_SPLITS];
-#pragma unroll
-        for (int j = 0; j < ATT_MAX_SPLITS; j++) v[j] = j < used ? __ldcg(part_o + (base + j) * head_dim + d) : 0.0f;
-        float o = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATT_MAX_SPLITS; j++) o = fmaf(wsplit[h * ATT_MAX_SPLITS + j], v[j], o);
-        att_store(out_f32, out_bf16, ((size_t)row * num_heads + qg * g + h) * head_dim + d, att_out(o, pos));
-    }
+    // The warps' outputs are merged already, so their memory takes the splits' weights.
+    att_merge_splits(part_o, part_ml, (size_t)row * num_heads + qg * g, g, head_dim, S, used, pos, ATT_WARPS, wo,
+                     out_f32, out_bf16);
 }
 
 #define ATT_KERNEL(G)                                                                                  \
