@@ -61,16 +61,34 @@ __device__ __forceinline__ void attention_batch_body(
     const bf16* kb = k_cache + (size_t)kvh * head_stride;
     const bf16* vb = v_cache + (size_t)kvh * head_stride;
     // Chunk c's 16 positions of K and V into stage s, 16 bytes a copy; positions past the context
-    // are zero-filled (masked below; a zero V keeps 0 * V finite).
+    // are zero-filled (masked below; a zero V keeps 0 * V finite). Where the cache's blocks are
+    // whole chunks (block_size a multiple of 16, the engine's 16 among them), a chunk is one run
+    // of 16 rows in one block: one table lookup, and each lane's copies at fixed strides from it.
+    // A lookup per copy had made staging the larger half of the loop's instructions (ncu, session 43).
+    const bool whole_chunks = block_size % 16 == 0;
     auto stage_chunk = [&](int c, int s) {
         bf16* kd = stages + s * STAGE;
         bf16* vd = kd + 16 * LD;
-        for (int i = lane; i < 16 * (D / 8); i += 32) {
-            const int r = i / (D / 8), col = (i % (D / 8)) * 8, p = c * 16 + r;
-            const bool ok = p < ctx;
-            const size_t off = ok ? (size_t)table[cb.block(p)] * block_stride + (size_t)cb.slot(p) * D + col : 0;
-            cp_async16(kd + r * LD + col, kb + off, ok);
-            cp_async16(vd + r * LD + col, vb + off, ok);
+        constexpr int LANES_ROW = D / 8, ROWS_STEP = 32 / LANES_ROW;
+        const int r0 = lane / LANES_ROW, col = (lane % LANES_ROW) * 8, p0 = c * 16;
+        if (whole_chunks) {
+            const size_t base = (size_t)table[cb.block(p0)] * block_stride + (size_t)cb.slot(p0) * D + col;
+#pragma unroll
+            for (int j = 0; j < 16 / ROWS_STEP; j++) {
+                const int r = r0 + j * ROWS_STEP;
+                const bool ok = p0 + r < ctx;
+                const size_t off = ok ? base + (size_t)r * D : 0;
+                cp_async16(kd + r * LD + col, kb + off, ok);
+                cp_async16(vd + r * LD + col, vb + off, ok);
+            }
+        } else {
+            for (int j = 0; j < 16 / ROWS_STEP; j++) {
+                const int r = r0 + j * ROWS_STEP, p = p0 + r;
+                const bool ok = p < ctx;
+                const size_t off = ok ? (size_t)table[cb.block(p)] * block_stride + (size_t)cb.slot(p) * D + col : 0;
+                cp_async16(kd + r * LD + col, kb + off, ok);
+                cp_async16(vd + r * LD + col, vb + off, ok);
+            }
         }
         cp_async_commit();
     };
@@ -87,10 +105,14 @@ __device__ __forceinline__ void attention_batch_body(
     bf16* kv_new = reinterpret_cast<bf16*>(qs + (g + 2) * D);
     const bool writes_kv = ROPE && z == used - 1;
     if (ROPE) {
-        const float* kv = qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * D;
-        for (int i = threadIdx.x; i < g * D; i += blockDim.x) qs[i] = q[i];
-        if (writes_kv)
-            for (int i = threadIdx.x; i < 2 * D; i += blockDim.x) qs[g * D + i] = kv[(i / D) * num_kv_heads * D + i % D];
+        // 16 bytes a load, the queries and the new k and v in one loop: a float a thread had
+        // waited for each of its loads in turn (ncu, session 43).
+        const float4* q4 = reinterpret_cast<const float4*>(q);
+        const float4* kv4 = reinterpret_cast<const float4*>(qkv + (size_t)row * ld_qkv + (size_t)(num_heads + kvh) * D);
+        const int nq = g * D / 4, n = nq + (writes_kv ? D / 2 : 0);
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            reinterpret_cast<float4*>(qs)[i] =
+                i < nq ? q4[i] : kv4[(i - nq) / (D / 4) * (num_kv_heads * D / 4) + (i - nq) % (D / 4)];
         __syncthreads();
         const RopeAngles rot = rope_angles(freq, pos + ATT_DECODE_ROPE_SHIFT);
         for (int h = warp; h < g; h += ATT_BATCH_WARPS)
@@ -150,15 +172,19 @@ __device__ __forceinline__ void attention_batch_body(
     la += __shfl_xor_sync(0xffffffffu, la, 2);
     lb += __shfl_xor_sync(0xffffffffu, lb, 1);
     lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    // Merge the warps in the stages' memory: [warp][16 rows][D] outputs, [warp][16 rows][2]
-    // (max, sum); a warp that had no chunk has max -inf and weighs 0 (warp 0 always has one).
+    // Merge the warps in the stages' memory: [warp][16 rows][WP] outputs, [warp][16 rows][2]
+    // (max, sum); a warp that had no chunk has max -inf and weighs 0 (warp 0 always has one). Rows
+    // WP = D + 8 floats apart put a store's eight fragment rows in different banks (D apart, all
+    // eight had been in the same ones).
+    constexpr int WP = D + 8;
+    static_assert(ATT_BATCH_WARPS * 16 * (WP + 2) * 4 <= ATT_BATCH_WARPS * 2 * STAGE * 2, "the merge fits the stages");
     __syncthreads();
     float* wo = reinterpret_cast<float*>(att_batch_smem);
-    float* wml = wo + ATT_BATCH_WARPS * 16 * D;
+    float* wml = wo + ATT_BATCH_WARPS * 16 * WP;
 #pragma unroll
     for (int d = 0; d < DN; d++) {
-        *reinterpret_cast<float2*>(wo + (warp * 16 + gr) * D + d * 8 + c2) = make_float2(o[d][0], o[d][1]);
-        *reinterpret_cast<float2*>(wo + (warp * 16 + gr + 8) * D + d * 8 + c2) = make_float2(o[d][2], o[d][3]);
+        *reinterpret_cast<float2*>(wo + (warp * 16 + gr) * WP + d * 8 + c2) = make_float2(o[d][0], o[d][1]);
+        *reinterpret_cast<float2*>(wo + (warp * 16 + gr + 8) * WP + d * 8 + c2) = make_float2(o[d][2], o[d][3]);
     }
     if ((lane & 3) == 0) {
         wml[(warp * 16 + gr) * 2] = ma;
@@ -176,7 +202,7 @@ __device__ __forceinline__ void attention_batch_body(
             const float m = wml[(w * 16 + h) * 2];
             const float e = m == -INF_F ? 0.0f : expf(m - M);
             L += e * wml[(w * 16 + h) * 2 + 1];
-            acc += e * wo[(w * 16 + h) * D + d];
+            acc += e * wo[(w * 16 + h) * WP + d];
         }
         const size_t head = (size_t)row * num_heads + qg * g + h;
         if (used == 1) {
@@ -201,12 +227,14 @@ __device__ __forceinline__ void attention_batch_body(
 // NAME: the kernel for head dim D at SPLIT positions a split, with the rotation and K/V write
 // folded in (ROPE, the engine's: inv_freq as attention.cu's decode takes it), or (scripts/
 // gemv-bench's variants.cu only) its rows rotated and their K/V written by rope_kv before it.
-// ROPE asks for three blocks a multiprocessor, what the other form gets unasked (168 registers
-// at D 128): unbounded, the rotation took D 128 to 204 registers and two blocks, and over long
+// ROPE asks for three blocks a multiprocessor at D 128, what the other form gets unasked (168
+// registers): unbounded, the rotation took D 128 to 204 registers and two blocks, and over long
 // contexts it ran 3-6% slower than rope_kv and the other form together (H100, session 41). At
-// three, ptxas spills 8 bytes there.
+// D 64 and below it asks for four, what it had unasked until the one-lookup staging took D 64
+// from 124 registers to 141 (three blocks: the 1B at batch 32 over short contexts 15.3 against
+// 13.3 us, session 43); ptxas fits it in 126 without spilling.
 #define ATT_BATCH_ROPE_KERNEL(NAME, D, SPLIT)                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS, 3) NAME(                         \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_BATCH_WARPS, (D) > 64 ? 3 : 4) NAME(          \
         const float* __restrict__ qkv, int ld_qkv, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, \
         const int* __restrict__ positions, const int* __restrict__ row_table,                           \
         const int* __restrict__ block_tables, int max_blocks, int num_heads, int num_kv_heads,          \
