@@ -102,6 +102,9 @@ if isinstance(paths.get("timing"), dict):
     p = paths["timing"]
     line += (f"; batches 2-{p['batch']} on {paths['batched']} (gemv {p['gemv_ms']:.3f}, "
              f"cublas {p['blas_ms']:.3f} ms){whose(paths)}")
+    for field, name in (("gemv_uncaptured", "gemv"), ("blas_uncaptured", "cublas")):
+        if p.get(field):
+            line += f"; the {name} step was timed without its graph: {p[field]}"
 print(line)
 PY
 }

@@ -33,6 +33,13 @@ pub struct PathTiming {
     /// Milliseconds per step on each path.
     pub gemv_ms: f64,
     pub blas_ms: f64,
+    /// Why a path's graph was not captured where graphs are on, so that its time is its kernels
+    /// launched one by one, host launch cost included, which the served step's graph does not
+    /// pay; absent where it was captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemv_uncaptured: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blas_uncaptured: Option<String>,
 }
 
 impl PathTiming {
@@ -106,19 +113,21 @@ impl CudaBackend {
 
     /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
     /// graphs are off or the capture fails) replayed [`WARM`] times, then [`REPLAYS`] times
-    /// between two events. The step runs on whatever the decode buffers hold (no sequence is
-    /// admitted yet: the rows write the KV pool's block 0 and state slot 0, which a prefill
-    /// overwrites or starts from zeros before any read).
-    fn time_step(&self, batch: usize, path: StepPath) -> Result<f64> {
-        let graph = if self.use_graphs {
-            self.capture(batch, path).ok()
-        } else {
-            None
+    /// between two events; and, where graphs are on and the capture failed, why. The step runs
+    /// on whatever the decode buffers hold (no sequence is admitted yet: the rows write the KV
+    /// pool's block 0 and state slot 0, which a prefill overwrites or starts from zeros before
+    /// any read).
+    fn time_step(&self, batch: usize, path: StepPath) -> Result<(f64, Option<String>)> {
+        let (graph, uncaptured) = match self.use_graphs.then(|| self.capture(batch, path)) {
+            Some(Ok(g)) => (Some(g), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, None),
         };
-        self.time_runs(WARM, REPLAYS, || match &graph {
+        let ms = self.time_runs(WARM, REPLAYS, || match &graph {
             Some(g) => g.launch().map_err(driver_err("graph launch")),
             None => self.step_kernels(batch, path),
-        })
+        })?;
+        Ok((ms, uncaptured))
     }
 
     /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after
@@ -159,12 +168,14 @@ impl CudaBackend {
                     .time_step(batch, StepPath::Gemv)
                     .and_then(|g| Ok((g, self.time_step(batch, StepPath::Blas)?)));
                 self.profiler = profiler;
-                let (gemv_ms, blas_ms) = timed?;
+                let ((gemv_ms, gemv_uncaptured), (blas_ms, blas_uncaptured)) = timed?;
                 let t = PathTiming {
                     key,
                     batch,
                     gemv_ms,
                     blas_ms,
+                    gemv_uncaptured,
+                    blas_uncaptured,
                 };
                 if let Some(p) = &path {
                     cached.retain(|c| !(c.key == t.key && c.batch == t.batch));
@@ -265,7 +276,30 @@ mod tests {
             batch: 8,
             gemv_ms,
             blas_ms,
+            gemv_uncaptured: None,
+            blas_uncaptured: None,
         }
+    }
+
+    /// A cache or pinned file written before the capture was reported reads as captured, and a
+    /// failed capture's reason is kept through the cache, where a captured path writes nothing.
+    #[test]
+    fn a_path_timed_without_its_graph_says_why_and_older_timings_read_as_captured() {
+        let old = r#"{"key":"k","batch":8,"gemv_ms":6.2,"blas_ms":6.0}"#;
+        assert_eq!(
+            serde_json::from_str::<PathTiming>(old).unwrap(),
+            timing(6.2, 6.0)
+        );
+        let j = serde_json::to_value(timing(6.2, 6.0)).unwrap();
+        assert!(j.get("gemv_uncaptured").is_none() && j.get("blas_uncaptured").is_none());
+        let t = PathTiming {
+            gemv_uncaptured: Some(
+                "graph capture end: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED".into(),
+            ),
+            ..timing(8.8, 6.0)
+        };
+        let back: PathTiming = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
     }
 
     #[test]
