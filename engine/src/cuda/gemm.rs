@@ -1137,9 +1137,9 @@ mod tests {
     #[test]
     fn prefill_classes_start_where_the_class_below_stops_keeping_up() {
         let rows = Pass::Prefill.rows();
-        assert_eq!(rows, &[16, 64, 128, 256, 512, 1024, 4096]);
-        // Small tiles: fast up to 64 rows; large tiles from 128; a third fastest at 1,024 and
-        // 4,096 by 1% only, and one whose rows vary, fastest everywhere.
+        assert_eq!(rows, &[16, 64, 128, 256, 512, 1024, PREFILL_CHUNK]);
+        // Small tiles: fast up to 64 rows; large tiles from 128; a third fastest at 1,024 and a
+        // full pass by 1% only, and one whose rows vary, fastest everywhere.
         let small = algo(true, &[10.0, 12.0, 30.0, 60.0, 120.0, 240.0, 960.0]);
         let large = algo(true, &[20.0, 20.0, 21.0, 30.0, 45.0, 80.0, 300.0]);
         let third = algo(true, &[30.0, 30.0, 30.0, 40.0, 60.0, 79.2, 297.0]);
@@ -1151,7 +1151,7 @@ mod tests {
             vec![
                 Pin { up_to: 64, algo: 1 },
                 Pin {
-                    up_to: 4096,
+                    up_to: PREFILL_CHUNK,
                     algo: 2
                 }
             ]
@@ -1170,7 +1170,7 @@ mod tests {
         };
         assert_eq!((s.pinned(1), s.pinned(64), s.pinned(65)), (1, 1, 2));
         // Longer than a pass: the last class.
-        assert_eq!(s.pinned(5000), 2);
+        assert_eq!(s.pinned(PREFILL_CHUNK + 1), 2);
         // A pass of a 5-, two 64- and a 1,500-token prompt's first 900 rows: two GEMMs, the
         // short prompts' rows through the small tiles, the long one's after them.
         let pieces = [(5, 5), (64, 64), (64, 64), (1500, 900)];
@@ -1190,7 +1190,7 @@ mod tests {
         assert_eq!(
             pin_prefill(&c, rows),
             Some(vec![Pin {
-                up_to: 4096,
+                up_to: PREFILL_CHUNK,
                 algo: 2
             }])
         );
@@ -1266,7 +1266,7 @@ mod tests {
                 Pin { up_to: 16, algo: 0 },
                 Pin { up_to: 64, algo: 1 },
                 Pin {
-                    up_to: 4096,
+                    up_to: PREFILL_CHUNK,
                     algo: 2,
                 },
             ],
@@ -1308,7 +1308,7 @@ mod tests {
         assert_eq!(
             pin_prefill(&c, rows),
             Some(vec![Pin {
-                up_to: 4096,
+                up_to: PREFILL_CHUNK,
                 algo: 0
             }])
         );
