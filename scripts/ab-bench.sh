@@ -7,7 +7,10 @@
 # MODELS  comma-separated: a directory with config.json, or a scripts/make-checkpoint.py model
 #         name (its random-weight checkpoint is made under --ckpt unless it is there already).
 # BUILDS  comma-separated directories, each holding an `engine` binary (scripts/stage-gpu.sh's
-#         .gpu, or a copy of another commit's); a build's label is its directory's name. The
+#         .gpu, or a copy of another commit's); a build's label is its directory's name, with
+#         as many parent directories as it takes to tell apart two directories of one name
+#         (s44/main, s46/main: their runs are never merged as rounds of one build; one directory
+#         named twice is one build, run twice, e.g. first and last to see drift). The
 #         `engine` may be a two-line script that sets a switch and execs a binary, so that one
 #         build's settings (ENGINE_NO_PDL, a throwaway build's experiment) run as builds of their own.
 # --rounds  the builds' order is run N times over (A B A B for 2), so that drift over a call
@@ -70,6 +73,25 @@ case $rounds in '' | *[!0-9]* | 0) echo "ab-bench.sh: --rounds must be a positiv
 for b in "${builds[@]}"; do
     [ -x "$b/engine" ] || { echo "ab-bench.sh: $b/engine is not an executable engine build" >&2; exit 2; }
 done
+# Each build's label: the last parts of its real path, one (its directory's name) unless
+# another directory's label is the same, then one more for each of them until none is.
+canon=() depth=() labels=()
+for b in "${builds[@]}"; do canon+=("$(cd "$b" && pwd -P)") depth+=(1); done
+tail_of() { awk -F/ -v d="$2" '{ s = $NF; for (i = NF - 1; i > NF - d && i > 1; i--) s = $i "/" s; print s }' <<<"$1"; }
+while :; do
+    for k in "${!canon[@]}"; do labels[k]=$(tail_of "${canon[k]}" "${depth[k]}"); done
+    clash=()
+    for ((i = 0; i < ${#canon[@]}; i++)); do
+        for ((j = 0; j < i; j++)); do
+            if [ "${labels[i]}" = "${labels[j]}" ] && [ "${canon[i]}" != "${canon[j]}" ]; then
+                clash+=("$i" "$j")
+            fi
+        done
+    done
+    [ ${#clash[@]} = 0 ] && break
+    # A path shorter than the depth asked for keeps its whole self, so distinct paths part.
+    for k in $(printf '%s\n' "${clash[@]}" | sort -u); do depth[k]=$((depth[k] + 1)); done
+done
 out=${out:-.gpu-run/ab-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 runs=$out/runs.tsv
@@ -130,10 +152,10 @@ for model in "${models[@]}"; do
     [ "$name" = model ] && name=$(basename "$(dirname "$dir")")
     n=0 pin="" pin_n=""
     for ((r = 1; r <= rounds; r++)); do
-        for b in "${builds[@]}"; do
+        for k in "${!builds[@]}"; do
+            b=${builds[k]} label=${labels[k]}
             n=$((n + 1))
-            label=$(basename "$b")
-            file=$out/$name-$label-$n
+            file=$out/$name-${label//\//+}-$n
             pinned=()
             [ -n "$pin" ] && pinned=(env "ENGINE_GEMV_TUNING=$pin")
             if "${pinned[@]}" "$b/engine" bench --model "$dir" "${bench_args[@]}" >"$file.json" 2>"$file.err"; then
