@@ -4,24 +4,15 @@
 //! merged, an A/B would read one build's runs as another's rounds. Where the release engine is
 //! missing the test says why and returns, unless CI=true, where that is a failure.
 
-use std::path::Path;
+mod real_engine;
+
 use std::process::Command;
 
 #[test]
 fn builds_in_directories_of_one_name_are_labelled_apart() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let engine = root.join("target/release/engine");
-    if !engine.exists() {
-        let why = format!(
-            "{} is missing; build it with `cargo build --release -p engine`",
-            engine.display()
-        );
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("ab-bench.sh cannot run under CI=true: {why}");
-        }
-        eprintln!("SKIPPING ab-bench.sh: {why}");
+    let Some((root, engine)) = real_engine::release_engine("ab-bench.sh") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let build = |dir: &str| {
         let d = tmp.path().join(dir);
@@ -32,7 +23,7 @@ fn builds_in_directories_of_one_name_are_labelled_apart() {
     let (a, b, c) = (build("s44/main"), build("s46/main"), build("fix"));
     let out = tmp.path().join("out");
     let run = Command::new(root.join("scripts/ab-bench.sh"))
-        .current_dir(root)
+        .current_dir(&root)
         .arg("--out")
         .arg(&out)
         .arg(root.join("goldens/tiny-llama/model"))
