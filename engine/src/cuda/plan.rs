@@ -348,7 +348,7 @@ impl StepPath {
 /// of every GEMM, so a batch's prompts go in as few passes as the scratch allows: the
 /// orchestrator's battery (8 prompts, 2,712 tokens) in one (1,024 cut it into three:
 /// docs/ENGINE.md, session 19), four times over at batch 32 in two (4,096 made three, and
-/// Llama-3.1-8B's batch-32 prefill 4.4% longer: session 46).
+/// Llama-3.1-8B's batch-32 prefill 4.5% longer on an H100: session 46).
 pub const PREFILL_CHUNK: usize = 8192;
 
 /// One prompt's rows in a prefill pass: prompt `seq`'s positions `from..from + len`, at rows
