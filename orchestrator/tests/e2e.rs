@@ -2,35 +2,26 @@
 //! oracle (the interpreter named by env LLM_BENCH_PYTHON) on goldens/tiny-llama. Where either is
 //! missing the test says why and returns, unless CI=true, where that is a failure.
 
+mod real_engine;
+
+use real_engine::skip_or_fail;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-fn skip_or_fail(why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("e2e cannot run under CI=true: {why}");
-    }
-    eprintln!("SKIPPING the real-leg end-to-end test: {why}");
-}
+const WHAT: &str = "the real-leg end-to-end test";
 
 #[test]
 fn tiny_llama_engine_vs_transformers_passes_every_gate() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let engine = root.join("target/release/engine");
-    if !engine.exists() {
-        return skip_or_fail(&format!(
-            "{} is missing; build it with `cargo build --release -p engine`",
-            engine.display()
-        ));
-    }
+    let Some((root, _)) = real_engine::release_engine(WHAT) else {
+        return;
+    };
     let Some(python) = std::env::var("LLM_BENCH_PYTHON")
         .ok()
         .filter(|p| !p.is_empty())
     else {
         return skip_or_fail(
+            WHAT,
             "env LLM_BENCH_PYTHON is not set; point it at a venv with torch and transformers (scripts/setup-python prints one)",
         );
     };
