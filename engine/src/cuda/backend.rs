@@ -118,9 +118,10 @@ impl CudaBackend {
     /// the pieces packed shortest prompt first into passes of up to PREFILL_CHUNK rows, each GEMM
     /// one over each class of prompt length's rows through the algorithm pinned for it, so a
     /// prompt's bits are those of its prefill alone: gemm.rs), each one's K and V into its
-    /// table's blocks and its recurrent state into its slot; prompt k's last row, normalised,
-    /// into row k of `last_xn`, and its greedy token into `tokens_out[k]` (not read).
-    fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<()> {
+    /// table's blocks and its recurrent state into its slot. Returns the prompts in the order
+    /// their passes ended them: the j-th one's last row, normalised, is row j of `last_xn`, and
+    /// its greedy token `tokens_out[j]` (not read).
+    fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<usize>> {
         if seqs.is_empty() || seqs.len() > self.max_batch {
             return Err(Error::Internal {
                 message: format!(
@@ -155,6 +156,7 @@ impl CudaBackend {
             tables: pf.tables.ptr,
             max_blocks,
         };
+        let mut ended = Vec::with_capacity(seqs.len());
         for (p, pass) in passes.iter().enumerate() {
             let n: usize = pass.iter().map(|s| s.len).sum();
             let (mut ids, mut pos, mut row_table) = (
@@ -290,20 +292,26 @@ impl CudaBackend {
                     }
                 }
             }
-            // Each prompt that ends in this pass: its last row's norm and greedy token, one
-            // prompt at a time, as a prompt prefilled alone is.
+            // Each prompt that ends in this pass: its last row's norm, then the greedy tokens
+            // of up to eight such prompts from one read of the lm_head (a read per prompt was
+            // 3.8% of Nemotron-H-8B's batch-32 prefill), each the token it gets alone.
+            let first = ended.len();
             for s in pass.iter().filter(|s| s.ends(lens[s.seq])) {
                 let last = pf.x.at((s.row + s.len - 1) * h, F32);
-                let xn = pf.last_xn.at(s.seq * h, F32);
-                self.rmsnorm(last, &self.norm, 1, xn, 0)?;
-                self.lm_head_argmax(1, xn, pf.parts.ptr, pf.tokens_out.at(s.seq, F32), 0)?;
+                self.rmsnorm(last, &self.norm, 1, pf.last_xn.at(ended.len() * h, F32), 0)?;
+                ended.push(s.seq);
+            }
+            for j in (first..ended.len()).step_by(plan::MAX_GEMV_BATCH) {
+                let batch = (ended.len() - j).min(plan::MAX_GEMV_BATCH);
+                let (xn, tokens) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
+                self.prefill_argmax(batch, xn, pf.parts.ptr, tokens)?;
             }
             if let Some(p) = self.profiler.as_ref().filter(|p| p.prefill) {
                 self.sync()?;
                 p.end_pass()?;
             }
         }
-        Ok(())
+        Ok(ended)
     }
 
     fn check_batch(&self, batch: usize) -> Result<()> {
@@ -343,11 +351,15 @@ impl Backend for CudaBackend {
     }
 
     fn prefill_many(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<u32>> {
-        self.prefill_forward(seqs)?;
+        let ended = self.prefill_forward(seqs)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
-        let mut out = vec![0i32; seqs.len()];
-        pf.tokens_out.read(&mut out, &self.stream)?;
-        Ok(out.into_iter().map(|t| t as u32).collect())
+        let mut got = vec![0i32; seqs.len()];
+        pf.tokens_out.read(&mut got, &self.stream)?;
+        let mut out = vec![0u32; seqs.len()];
+        for (&k, &t) in ended.iter().zip(&got) {
+            out[k] = t as u32;
+        }
+        Ok(out)
     }
 
     fn prefill_many_scored(
@@ -356,15 +368,18 @@ impl Backend for CudaBackend {
         next: &[u32],
     ) -> Result<Vec<Scored>> {
         self.verify_bufs()?;
-        self.prefill_forward(seqs)?;
+        let ended = self.prefill_forward(seqs)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
         let h = self.cfg.hidden_size;
-        (0..seqs.len())
-            .map(|k| {
-                let (xn, token) = (pf.last_xn.at(k * h, F32), pf.tokens_out.at(k, F32));
-                Ok(self.score(1, xn, token, &next[k..k + 1], None)?[0])
-            })
-            .collect()
+        let mut out = vec![None; seqs.len()];
+        for (j, &k) in ended.iter().enumerate() {
+            let (xn, token) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
+            out[k] = Some(self.score(1, xn, token, &next[k..k + 1], None)?[0]);
+        }
+        Ok(out
+            .into_iter()
+            .map(|s| s.expect("every prompt ends in some pass"))
+            .collect())
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {

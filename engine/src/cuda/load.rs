@@ -712,7 +712,7 @@ impl PrefillBufs {
             ssm_y: f(layout.ssm_y.max(1))?,
             gated_bf16: h(layout.gated_bf16.max(1))?,
             last_xn: f(seqs * cfg.hidden_size)?,
-            parts: f(2 * plan::lm_head_blocks(cfg))?,
+            parts: f(seqs.min(plan::MAX_GEMV_BATCH) * 2 * plan::lm_head_blocks(cfg))?,
             tokens_out: f(seqs)?,
             layout,
         })

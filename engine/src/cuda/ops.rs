@@ -182,7 +182,7 @@ impl CudaBackend {
     }
 
     /// The lm_head over the normalised rows `xn` and the final argmax into `tokens`, advancing
-    /// `positions` when given.
+    /// `positions` when given, on the kernel tuned for `batch`.
     pub(super) fn lm_head_argmax(
         &self,
         batch: usize,
@@ -191,7 +191,38 @@ impl CudaBackend {
         tokens: u64,
         positions: u64,
     ) -> Result<()> {
-        let nparts = self.gemv(&self.lm_head_gemv(xn, 0), batch, parts)?;
+        self.lm_head_argmax_as(batch, batch, xn, parts, tokens, positions)
+    }
+
+    /// The first tokens of `batch` prompts (up to [`plan::MAX_GEMV_BATCH`]) whose normalised
+    /// last rows lie consecutive at `xn`, through one read of the lm_head on the kernel tuned for
+    /// batch 1. A row's bits do not depend on the batch it runs in on one kernel
+    /// (gemv_gpu_tests.rs), so each token is the one its prompt prefilled alone gets.
+    pub(super) fn prefill_argmax(
+        &self,
+        batch: usize,
+        xn: u64,
+        parts: u64,
+        tokens: u64,
+    ) -> Result<()> {
+        self.lm_head_argmax_as(1, batch, xn, parts, tokens, 0)
+    }
+
+    /// [`Self::lm_head_argmax`] at `batch` rows on the kernel tuned for `tuned_for` rows.
+    fn lm_head_argmax_as(
+        &self,
+        tuned_for: usize,
+        batch: usize,
+        xn: u64,
+        parts: u64,
+        tokens: u64,
+        positions: u64,
+    ) -> Result<()> {
+        let g = self.lm_head_gemv(xn, 0);
+        let (rows, cols) = g.shape();
+        let kernel = self.tuning.kernel(g.mode, rows, cols, tuned_for);
+        let nparts = self.gemv_on(&g, batch, parts, kernel)?;
+        self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
         launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
             parts, nparts as i32, tokens, positions, (positions != 0) as i32)?;
         self.mark("argmax_final", 0)
