@@ -304,7 +304,7 @@ impl CudaBackend {
             for j in (first..ended.len()).step_by(plan::MAX_GEMV_BATCH) {
                 let batch = (ended.len() - j).min(plan::MAX_GEMV_BATCH);
                 let (xn, tokens) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
-                self.prefill_argmax(batch, xn, pf.parts.ptr, tokens)?;
+                self.lm_head_argmax(1, batch, xn, pf.parts.ptr, tokens, 0)?;
             }
             if let Some(p) = self.profiler.as_ref().filter(|p| p.prefill) {
                 self.sync()?;

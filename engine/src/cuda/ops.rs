@@ -181,35 +181,12 @@ impl CudaBackend {
         Gemv::new("gemv_lm_head", GemvMode::LmHead, self.lm_head(), xn, y)
     }
 
-    /// The lm_head over the normalised rows `xn` and the final argmax into `tokens`, advancing
-    /// `positions` when given, on the kernel tuned for `batch`.
+    /// The lm_head over the `batch` normalised rows `xn` and the final argmax into `tokens`,
+    /// advancing `positions` when given, on the kernel tuned for `tuned_for` rows: the step's
+    /// own batch, or 1 for a prefill's first tokens (up to [`plan::MAX_GEMV_BATCH`] prompts at
+    /// once), whose bits are then each prompt's alone, as a row's bits do not depend on the
+    /// batch it runs in on one kernel (gemv_gpu_tests.rs).
     pub(super) fn lm_head_argmax(
-        &self,
-        batch: usize,
-        xn: u64,
-        parts: u64,
-        tokens: u64,
-        positions: u64,
-    ) -> Result<()> {
-        self.lm_head_argmax_as(batch, batch, xn, parts, tokens, positions)
-    }
-
-    /// The first tokens of `batch` prompts (up to [`plan::MAX_GEMV_BATCH`]) whose normalised
-    /// last rows lie consecutive at `xn`, through one read of the lm_head on the kernel tuned for
-    /// batch 1. A row's bits do not depend on the batch it runs in on one kernel
-    /// (gemv_gpu_tests.rs), so each token is the one its prompt prefilled alone gets.
-    pub(super) fn prefill_argmax(
-        &self,
-        batch: usize,
-        xn: u64,
-        parts: u64,
-        tokens: u64,
-    ) -> Result<()> {
-        self.lm_head_argmax_as(1, batch, xn, parts, tokens, 0)
-    }
-
-    /// [`Self::lm_head_argmax`] at `batch` rows on the kernel tuned for `tuned_for` rows.
-    fn lm_head_argmax_as(
         &self,
         tuned_for: usize,
         batch: usize,

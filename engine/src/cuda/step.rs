@@ -138,7 +138,14 @@ impl CudaBackend {
         }
         // The final norm once, not in each of the lm_head's many blocks.
         self.rmsnorm(d.x.ptr, &self.norm, batch, d.xn.ptr, 0)?;
-        self.lm_head_argmax(batch, d.xn.ptr, d.parts.ptr, d.tokens.ptr, d.positions.ptr)
+        self.lm_head_argmax(
+            batch,
+            batch,
+            d.xn.ptr,
+            d.parts.ptr,
+            d.tokens.ptr,
+            d.positions.ptr,
+        )
     }
 
     /// The step on cuBLAS: each sublayer as prefill runs it (RMSNorm into bf16, GEMM, the mixer
