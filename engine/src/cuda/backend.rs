@@ -118,9 +118,10 @@ impl CudaBackend {
     /// the pieces packed shortest prompt first into passes of up to PREFILL_CHUNK rows, each GEMM
     /// one over each class of prompt length's rows through the algorithm pinned for it, so a
     /// prompt's bits are those of its prefill alone: gemm.rs), each one's K and V into its
-    /// table's blocks and its recurrent state into its slot. Returns the prompts in the order
-    /// their passes ended them: the j-th one's last row, normalised, is row j of `last_xn`, and
-    /// its greedy token `tokens_out[j]` (not read).
+    /// table's blocks and its recurrent state into its slot. The prompts' last rows go in the
+    /// order their passes end them; returned is each prompt's row there: prompt k's last row,
+    /// normalised, is row `rows[k]` of `last_xn`, and its greedy token `tokens_out[rows[k]]`
+    /// (not read).
     fn prefill_forward(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<usize>> {
         if seqs.is_empty() || seqs.len() > self.max_batch {
             return Err(Error::Internal {
@@ -156,7 +157,7 @@ impl CudaBackend {
             tables: pf.tables.ptr,
             max_blocks,
         };
-        let mut ended = Vec::with_capacity(seqs.len());
+        let (mut rows_of, mut ended) = (vec![0; seqs.len()], 0);
         for (p, pass) in passes.iter().enumerate() {
             let n: usize = pass.iter().map(|s| s.len).sum();
             let (mut ids, mut pos, mut row_table) = (
@@ -295,14 +296,15 @@ impl CudaBackend {
             // Each prompt that ends in this pass: its last row's norm, then the greedy tokens
             // of up to eight such prompts from one read of the lm_head (a read per prompt was
             // 3.8% of Nemotron-H-8B's batch-32 prefill), each the token it gets alone.
-            let first = ended.len();
+            let first = ended;
             for s in pass.iter().filter(|s| s.ends(lens[s.seq])) {
                 let last = pf.x.at((s.row + s.len - 1) * h, F32);
-                self.rmsnorm(last, &self.norm, 1, pf.last_xn.at(ended.len() * h, F32), 0)?;
-                ended.push(s.seq);
+                self.rmsnorm(last, &self.norm, 1, pf.last_xn.at(ended * h, F32), 0)?;
+                rows_of[s.seq] = ended;
+                ended += 1;
             }
-            for j in (first..ended.len()).step_by(plan::MAX_GEMV_BATCH) {
-                let batch = (ended.len() - j).min(plan::MAX_GEMV_BATCH);
+            for j in (first..ended).step_by(plan::MAX_GEMV_BATCH) {
+                let batch = (ended - j).min(plan::MAX_GEMV_BATCH);
                 let (xn, tokens) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
                 self.lm_head_argmax(1, batch, xn, pf.parts.ptr, tokens, 0)?;
             }
@@ -311,7 +313,7 @@ impl CudaBackend {
                 p.end_pass()?;
             }
         }
-        Ok(ended)
+        Ok(rows_of)
     }
 
     fn check_batch(&self, batch: usize) -> Result<()> {
@@ -351,15 +353,11 @@ impl Backend for CudaBackend {
     }
 
     fn prefill_many(&mut self, seqs: &[(&[u32], &BlockTable)]) -> Result<Vec<u32>> {
-        let ended = self.prefill_forward(seqs)?;
+        let rows = self.prefill_forward(seqs)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
         let mut got = vec![0i32; seqs.len()];
         pf.tokens_out.read(&mut got, &self.stream)?;
-        let mut out = vec![0u32; seqs.len()];
-        for (&k, &t) in ended.iter().zip(&got) {
-            out[k] = t as u32;
-        }
-        Ok(out)
+        Ok(rows.iter().map(|&j| got[j] as u32).collect())
     }
 
     fn prefill_many_scored(
@@ -368,18 +366,16 @@ impl Backend for CudaBackend {
         next: &[u32],
     ) -> Result<Vec<Scored>> {
         self.verify_bufs()?;
-        let ended = self.prefill_forward(seqs)?;
+        let rows = self.prefill_forward(seqs)?;
         let pf = self.pf.as_ref().expect("allocated by prefill_forward");
         let h = self.cfg.hidden_size;
-        let mut out = vec![None; seqs.len()];
-        for (j, &k) in ended.iter().enumerate() {
-            let (xn, token) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
-            out[k] = Some(self.score(1, xn, token, &next[k..k + 1], None)?[0]);
-        }
-        Ok(out
-            .into_iter()
-            .map(|s| s.expect("every prompt ends in some pass"))
-            .collect())
+        rows.iter()
+            .enumerate()
+            .map(|(k, &j)| {
+                let (xn, token) = (pf.last_xn.at(j * h, F32), pf.tokens_out.at(j, F32));
+                Ok(self.score(1, xn, token, &next[k..k + 1], None)?[0])
+            })
+            .collect()
     }
 
     fn decode(&mut self, items: &[DecodeItem<'_>]) -> Result<Vec<u32>> {

@@ -140,13 +140,14 @@ impl CudaBackend {
     /// (tune.rs); `parts` receives the argmax candidates of the lm_head. Returns the grid (the
     /// lm_head's number of candidates).
     pub(super) fn gemv(&self, g: &Gemv, batch: usize, parts: u64) -> Result<u32> {
+        self.gemv_as(g, batch, batch, parts)
+    }
+
+    /// [`Self::gemv`] for `batch` sequences on the kernel chosen for `tuned_for`.
+    fn gemv_as(&self, g: &Gemv, tuned_for: usize, batch: usize, parts: u64) -> Result<u32> {
         let (rows, cols) = g.shape();
-        let grid = self.gemv_on(
-            g,
-            batch,
-            parts,
-            self.tuning.kernel(g.mode, rows, cols, batch),
-        )?;
+        let kernel = self.tuning.kernel(g.mode, rows, cols, tuned_for);
+        let grid = self.gemv_on(g, batch, parts, kernel)?;
         self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
         Ok(grid)
     }
@@ -195,11 +196,7 @@ impl CudaBackend {
         tokens: u64,
         positions: u64,
     ) -> Result<()> {
-        let g = self.lm_head_gemv(xn, 0);
-        let (rows, cols) = g.shape();
-        let kernel = self.tuning.kernel(g.mode, rows, cols, tuned_for);
-        let nparts = self.gemv_on(&g, batch, parts, kernel)?;
-        self.mark(g.name, g.w.rows * g.w.cols * BF16)?;
+        let nparts = self.gemv_as(&self.lm_head_gemv(xn, 0), tuned_for, batch, parts)?;
         launch!(&self.f.argmax_final, &self.stream, self.pdl, (batch as u32, 1, 1), 1024, 0;
             parts, nparts as i32, tokens, positions, (positions != 0) as i32)?;
         self.mark("argmax_final", 0)
