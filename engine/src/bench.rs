@@ -64,6 +64,24 @@ fn decode_step_s(first_wall_s: f64, wall_s: f64, tokens: usize) -> f64 {
     (wall_s - first_wall_s) / (tokens.max(2) - 1) as f64
 }
 
+/// The prompt lengths of a batch of `batch` prompts: the timed lengths in turn.
+pub fn batch_prompt_lens(prompt_lens: &[usize], batch: usize) -> Vec<usize> {
+    (0..batch)
+        .map(|i| prompt_lens[i % prompt_lens.len()])
+        .collect()
+}
+
+/// Each row's context over a batch's decode steps, on average: a prompt of `len` reads `len + k`
+/// positions at the step that makes its token `k + 1`, for k from 1 to `tokens - 1`, so
+/// `len + tokens / 2` (rounded down). The bytes a step moves grow linearly with its rows'
+/// contexts, so the mean step's bytes are those at these contexts.
+pub fn step_contexts(prompt_lens: &[usize], batch: usize, tokens: usize) -> Vec<usize> {
+    batch_prompt_lens(prompt_lens, batch)
+        .into_iter()
+        .map(|len| len + tokens.max(2) / 2)
+        .collect()
+}
+
 /// Runs the benchmark; returns the figures as JSON.
 pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Value> {
     let vocab = engine.config().vocab_size;
@@ -97,14 +115,10 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
     let mut phases = serde_json::Map::new();
     for &batch in &opts.batches {
         // `batch` prompts of the timed lengths in turn, all in flight at once.
-        let batch_prompts: Vec<Vec<u32>> = (0..batch)
-            .map(|i| {
-                synthetic_prompt(
-                    opts.prompt_lens[i % opts.prompt_lens.len()],
-                    vocab,
-                    opts.seed + 2000 + i as u64,
-                )
-            })
+        let batch_prompts: Vec<Vec<u32>> = batch_prompt_lens(&opts.prompt_lens, batch)
+            .into_iter()
+            .enumerate()
+            .map(|(i, len)| synthetic_prompt(len, vocab, opts.seed + 2000 + i as u64))
             .collect();
         run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
         // The orchestrator's split of a batch (docs/PROTOCOL.md): its prefill is the wall of
@@ -243,6 +257,22 @@ mod tests {
         // One token a prompt has no further token: its wall difference is not divided by zero.
         assert!((decode_step_s(0.010, 0.012, 1) - 0.002).abs() < 1e-15);
         assert!(decode_step_s(0.010, 0.009, 3) < 0.0);
+    }
+
+    /// A batch's prompts are the timed lengths in turn, and each row's mean context over the
+    /// steps is what the steps' own contexts average to.
+    #[test]
+    fn a_batch_rows_step_context_is_its_prompt_plus_half_its_tokens() {
+        assert_eq!(batch_prompt_lens(&[5, 17], 3), [5, 17, 5]);
+        assert_eq!(step_contexts(&[5, 17], 3, 128), [69, 81, 69]);
+        for (len, tokens) in [(5usize, 128usize), (1000, 128), (16, 2), (3, 6)] {
+            // The step making token k + 1 reads len + k positions, k = 1 ..= tokens - 1.
+            let steps: Vec<usize> = (1..tokens).map(|k| len + k).collect();
+            let mean = steps.iter().sum::<usize>() as f64 / steps.len() as f64;
+            assert_eq!(step_contexts(&[len], 1, tokens)[0] as f64, mean);
+        }
+        // One token a prompt has no step; its context is still defined.
+        assert_eq!(step_contexts(&[7], 1, 1), [8]);
     }
 
     #[test]

@@ -271,6 +271,16 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
             bw / 1e9,
             floor * 1e3
         );
+        // Each batch's decode step against the bytes it must move at its rows' mean contexts.
+        for &b in &args.batch {
+            let contexts = engine::bench::step_contexts(&args.prompt_lens, b, args.batch_tokens);
+            let bytes = engine::cuda::bench::bytes_per_step(&cfg, &contexts);
+            let phase = &mut out["batch_phases"][b.to_string()];
+            let step = phase["step_s"].as_f64().unwrap_or(f64::NAN);
+            phase["step_bytes"] = bytes.into();
+            phase["step_floor_s"] = (bytes as f64 / bw).into();
+            phase["step_fraction_of_floor"] = (bytes as f64 / bw / step).into();
+        }
     }
     let batches: Vec<String> = args
         .batch
@@ -283,8 +293,12 @@ fn bench(args: &BenchArgs, started: Instant) -> Result<(), String> {
                     .unwrap_or(f64::NAN)
                     * 1e3
             };
+            let floor = out["batch_phases"][b.to_string()]["step_fraction_of_floor"]
+                .as_f64()
+                .map(|f| format!(", {:.0}% of its floor", f * 100.0))
+                .unwrap_or_default();
             format!(
-                "batch {b} x {} tokens: {tps:.0} tok/s (prefill {:.2} ms, step {:.3} ms)",
+                "batch {b} x {} tokens: {tps:.0} tok/s (prefill {:.2} ms, step {:.3} ms{floor})",
                 args.batch_tokens,
                 phase("prefill_s"),
                 phase("step_s")

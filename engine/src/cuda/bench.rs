@@ -51,3 +51,74 @@ pub fn bytes_per_token(cfg: &ModelConfig) -> usize {
     let embed = cfg.vocab_size * cfg.hidden_size * BF16;
     plan::weight_bytes(cfg) - if cfg.tie_word_embeddings { 0 } else { embed }
 }
+
+/// Bytes a decode step of one row per entry of `contexts` must move, a row at context `c`
+/// reading the K and V of `c` positions (its own new one among them): the weights as
+/// [`bytes_per_token`] counts them, an embedding row for each further row, each row's K and V
+/// (bf16), and a hybrid's recurrent state of each row (f32: `mamba_ssm_cache_dtype`) read and
+/// written back. Activations are left out (kilobytes a layer at these batches). With the weights
+/// read once for every row, the floor this gives grows with the batch only by what the rows
+/// themselves move: on Nemotron-H-8B 2 x 4.1 MiB a Mamba layer a row, which at batch 32 is
+/// 44% of the weights' bytes.
+pub fn bytes_per_step(cfg: &ModelConfig, contexts: &[usize]) -> usize {
+    let rows = contexts.len();
+    let kv_per_position = cfg.kv_layers() * 2 * cfg.kv_dim() * BF16;
+    let untied_rows = if cfg.tie_word_embeddings {
+        0
+    } else {
+        rows.saturating_sub(1)
+    };
+    bytes_per_token(cfg)
+        + untied_rows * cfg.hidden_size * BF16
+        + contexts.iter().sum::<usize>() * kv_per_position
+        + rows * 2 * crate::hybrid::cpu::state_slot_bytes(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama_8b() -> ModelConfig {
+        ModelConfig::parse(
+            &serde_json::json!({
+                "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+                "vocab_size": 128256, "max_position_embeddings": 131072,
+                "tie_word_embeddings": false, "rope_theta": 500000.0,
+            })
+            .to_string(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_step_moves_the_weights_once_and_each_rows_kv_and_state() {
+        let llama = llama_8b();
+        // One row at context 0 is the batch-1 figure; each position of any row adds its K and V
+        // on every layer (32 x 2 x 1,024 bf16 = 128 KiB), each further row an embedding row.
+        assert_eq!(bytes_per_step(&llama, &[0]), bytes_per_token(&llama));
+        let kv = 32 * 2 * 1024 * 2;
+        assert_eq!(kv, 131_072);
+        assert_eq!(
+            bytes_per_step(&llama, &[100, 300]),
+            bytes_per_token(&llama) + 4096 * 2 + 400 * kv
+        );
+        // Nemotron-H-8B: 4 attention layers keep K and V; each of the 24 Mamba layers' state of
+        // a row (x/B/C conv window 10,240 x 3 and the SSM's 8,192 x 128, f32) is read and
+        // written back.
+        let nemotron =
+            ModelConfig::parse(include_str!("../../tests/data/nemotron-h-8b-config.json")).unwrap();
+        let state = 24 * (10_240 * 3 + 8_192 * 128) * 4;
+        let kv = 4 * 2 * 1024 * 2;
+        let one = bytes_per_step(&nemotron, &[0]);
+        assert_eq!(one, bytes_per_token(&nemotron) + 2 * state);
+        assert_eq!(
+            bytes_per_step(&nemotron, &[10; 32]),
+            one + 31 * (4096 * 2 + 2 * state) + 320 * kv
+        );
+        // At batch 32 the rows' states move 44% of what the weights do.
+        let share = (32 * 2 * state) as f64 / bytes_per_token(&nemotron) as f64;
+        assert!((0.3..0.5).contains(&share), "{share}");
+    }
+}
