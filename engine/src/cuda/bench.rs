@@ -78,31 +78,26 @@ pub fn bytes_per_step(cfg: &ModelConfig, contexts: &[usize]) -> usize {
 mod tests {
     use super::*;
 
-    fn llama_8b() -> ModelConfig {
-        ModelConfig::parse(
-            &serde_json::json!({
-                "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
-                "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
-                "vocab_size": 128256, "max_position_embeddings": 131072,
-                "tie_word_embeddings": false, "rope_theta": 500000.0,
-            })
-            .to_string(),
-        )
-        .unwrap()
-    }
-
     #[test]
     fn a_step_moves_the_weights_once_and_each_rows_kv_and_state() {
-        let llama = llama_8b();
+        // Llama-3.2-1B's shape with an lm_head of its own, so that each further row reads an
+        // embedding row of its own.
+        let mut llama = crate::cuda::plan::tests::llama_1b();
+        llama.tie_word_embeddings = false;
         // One row at context 0 is the batch-1 figure; each position of any row adds its K and V
-        // on every layer (32 x 2 x 1,024 bf16 = 128 KiB), each further row an embedding row.
+        // on every layer (16 x 2 x 512 bf16 = 32 KiB), each further row an embedding row.
         assert_eq!(bytes_per_step(&llama, &[0]), bytes_per_token(&llama));
-        let kv = 32 * 2 * 1024 * 2;
-        assert_eq!(kv, 131_072);
+        let kv = 16 * 2 * 512 * 2;
+        assert_eq!(kv, 32_768);
         assert_eq!(
             bytes_per_step(&llama, &[100, 300]),
-            bytes_per_token(&llama) + 4096 * 2 + 400 * kv
+            bytes_per_token(&llama) + 2048 * 2 + 400 * kv
+        );
+        // Tied, the table is read whole as the lm_head already: no row more.
+        llama.tie_word_embeddings = true;
+        assert_eq!(
+            bytes_per_step(&llama, &[100, 300]),
+            bytes_per_token(&llama) + 400 * kv
         );
         // Nemotron-H-8B: 4 attention layers keep K and V; each of the 24 Mamba layers' state of
         // a row (x/B/C conv window 10,240 x 3 and the SSM's 8,192 x 128, f32) is read and

@@ -984,11 +984,12 @@ pub fn check_fits(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::kv::{resolve_pool, PoolSize};
 
-    fn llama_1b() -> ModelConfig {
+    /// Llama-3.2-1B's config.json, field for field.
+    pub(in crate::cuda) fn llama_1b() -> ModelConfig {
         ModelConfig::parse(
             &serde_json::json!({
                 "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
