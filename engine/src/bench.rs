@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generate::{Engine, Request, SeqResult};
 
 #[derive(Debug, Clone)]
@@ -18,6 +18,77 @@ pub struct BenchOptions {
     pub batches: Vec<usize>,
     pub batch_tokens: usize,
     pub seed: u64,
+}
+
+impl BenchOptions {
+    /// The settings under which a figure would mean nothing, each named by its flag.
+    pub fn check(&self) -> Result<()> {
+        let why = if self.prompt_lens.is_empty() {
+            "--prompt-lens names no length; give at least one, e.g. 16,1000".to_string()
+        } else if self.prompt_lens.contains(&0) {
+            "--prompt-lens has a length of 0; every prompt needs at least one token".to_string()
+        } else if self.max_tokens < 2 {
+            format!(
+                "--max-tokens {}: per output token is what each token after the first adds \
+                 ((elapsed(N) - elapsed(1)) / (N - 1)), so it needs at least 2",
+                self.max_tokens
+            )
+        } else if self.repeat == 0 {
+            "--repeat 0 times nothing; give at least 1".to_string()
+        } else if self.ttft_len == 0 {
+            "--ttft-len 0: time to first token needs a prompt of at least one token".to_string()
+        } else if self.batches.contains(&0) {
+            "--batch has a size of 0; every batch needs at least one prompt".to_string()
+        } else if self.batch_tokens < 2 {
+            format!(
+                "--batch-tokens {}: a batch's decode step is what each token after the first \
+                 adds, so it needs at least 2",
+                self.batch_tokens
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::Config { message: why })
+    }
+}
+
+/// Checks a request of the benchmark as the engine checks one it is sent (the model's context,
+/// its vocabulary, the pool, `--max-batch`) before anything is timed, and, for a batch, that its
+/// prompts fit the pool all at once: otherwise fewer of them would run together than the figure
+/// is named for. `flags` names the settings that made the request.
+fn check_request(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    batch: usize,
+    flags: impl Fn() -> String,
+) -> Result<()> {
+    let ids: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|p| p.iter().map(|&t| i64::from(t)).collect())
+        .collect();
+    let bad = |why: String| Error::Config {
+        message: format!("{}: {why}", flags()),
+    };
+    engine
+        .validate(&ids, max_tokens, true, batch)
+        .map_err(|e| bad(e.to_string()))?;
+    if batch > 1 {
+        let needed: usize = prompts
+            .iter()
+            .map(|p| engine.blocks_needed(p.len(), max_tokens))
+            .sum();
+        let pool = engine.backend().pool().num_blocks;
+        if needed > pool {
+            return Err(bad(format!(
+                "its {} prompts need {needed} KV blocks at once and the pool holds {pool}, so \
+                 fewer of them would run together than the batch is named for; raise \
+                 --num-blocks (or --kv-cache-memory) or shorten the prompts",
+                prompts.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Deterministic pseudo-random token ids in [0, vocab): no tokenizer needed, same prompts on
@@ -84,6 +155,7 @@ pub fn step_contexts(prompt_lens: &[usize], batch: usize, tokens: usize) -> Vec<
 
 /// Runs the benchmark; returns the figures as JSON.
 pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Value> {
+    opts.check()?;
     let vocab = engine.config().vocab_size;
     let prompts: Vec<Vec<u32>> = opts
         .prompt_lens
@@ -91,6 +163,40 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         .enumerate()
         .map(|(i, &n)| synthetic_prompt(n, vocab, opts.seed + i as u64))
         .collect();
+    let ttft_prompt = synthetic_prompt(opts.ttft_len, vocab, opts.seed + 1000);
+    let batch_prompts = |batch: usize| -> Vec<Vec<u32>> {
+        batch_prompt_lens(&opts.prompt_lens, batch)
+            .into_iter()
+            .enumerate()
+            .map(|(i, len)| synthetic_prompt(len, vocab, opts.seed + 2000 + i as u64))
+            .collect()
+    };
+    // Every request before any is timed: a bad setting fails now, not minutes in.
+    check_request(engine, &prompts, opts.max_tokens, 1, || {
+        let lens: Vec<String> = opts.prompt_lens.iter().map(usize::to_string).collect();
+        format!(
+            "--prompt-lens {} at --max-tokens {} (prompt i is the i-th length)",
+            lens.join(","),
+            opts.max_tokens
+        )
+    })?;
+    check_request(engine, std::slice::from_ref(&ttft_prompt), 1, 1, || {
+        format!("--ttft-len {}", opts.ttft_len)
+    })?;
+    for &batch in &opts.batches {
+        check_request(
+            engine,
+            &batch_prompts(batch),
+            opts.batch_tokens,
+            batch,
+            || {
+                format!(
+                    "--batch {batch} at --batch-tokens {} (its prompts the --prompt-lens in turn)",
+                    opts.batch_tokens
+                )
+            },
+        )?;
+    }
     // Warm-up: every shape the timed runs use.
     run(engine, prompts.clone(), opts.max_tokens, 1)?;
     let mut per_token = Vec::new();
@@ -102,7 +208,6 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
             per_token.push((b.elapsed_s - a.elapsed_s) / (opts.max_tokens - 1) as f64);
         }
     }
-    let ttft_prompt = synthetic_prompt(opts.ttft_len, vocab, opts.seed + 1000);
     run(engine, vec![ttft_prompt.clone()], 1, 1)?;
     let mut ttft = Vec::new();
     for _ in 0..opts.repeat {
@@ -115,11 +220,7 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
     let mut phases = serde_json::Map::new();
     for &batch in &opts.batches {
         // `batch` prompts of the timed lengths in turn, all in flight at once.
-        let batch_prompts: Vec<Vec<u32>> = batch_prompt_lens(&opts.prompt_lens, batch)
-            .into_iter()
-            .enumerate()
-            .map(|(i, len)| synthetic_prompt(len, vocab, opts.seed + 2000 + i as u64))
-            .collect();
+        let batch_prompts = batch_prompts(batch);
         run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
         // The orchestrator's split of a batch (docs/PROTOCOL.md): its prefill is the wall of
         // max_tokens = 1, its decode step what each further token adds.
@@ -198,16 +299,19 @@ mod tests {
     use crate::kv::{resolve_pool, PoolSize};
     use crate::weights::Checkpoint;
 
-    #[test]
-    fn per_token_figures_are_given_per_prompt_length_from_that_lengths_samples() {
+    /// tiny-llama (a context of 512 positions) on the CPU, its pool `blocks` blocks of 16.
+    fn tiny_llama(blocks: usize, max_batch: usize) -> Engine {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/tiny-llama/model");
         let cfg = ModelConfig::load(&dir).unwrap();
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let pool = resolve_pool(&cfg, 16, PoolSize::Blocks(64), 2).unwrap();
+        let pool = resolve_pool(&cfg, 16, PoolSize::Blocks(blocks), max_batch).unwrap();
         let backend = CpuBackend::load(&cfg, &ckpt, pool, &Faults::default()).unwrap();
-        let mut engine = Engine::new(Box::new(backend), cfg, 2, Faults::default());
-        let opts = BenchOptions {
+        Engine::new(Box::new(backend), cfg, max_batch, Faults::default())
+    }
+
+    fn small() -> BenchOptions {
+        BenchOptions {
             prompt_lens: vec![3, 40],
             max_tokens: 3,
             repeat: 3,
@@ -215,7 +319,132 @@ mod tests {
             batches: vec![2],
             batch_tokens: 6,
             seed: 1,
+        }
+    }
+
+    /// Each setting under which a figure would mean nothing is refused by its flag, before the
+    /// engine runs anything; as are requests the engine itself would refuse and a batch whose
+    /// prompts do not fit the pool at once.
+    #[test]
+    fn a_bench_that_would_mean_nothing_is_refused_naming_its_flag() {
+        let mut engine = tiny_llama(64, 2);
+        let refused = |engine: &mut Engine, opts: BenchOptions| {
+            let e = bench(engine, &opts).unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{e:?}");
+            e.to_string()
         };
+        for (opts, says) in [
+            (
+                BenchOptions {
+                    prompt_lens: vec![],
+                    ..small()
+                },
+                "--prompt-lens names no length",
+            ),
+            (
+                BenchOptions {
+                    prompt_lens: vec![3, 0],
+                    ..small()
+                },
+                "--prompt-lens has a length of 0",
+            ),
+            (
+                BenchOptions {
+                    max_tokens: 1,
+                    ..small()
+                },
+                "--max-tokens 1: per output token",
+            ),
+            (
+                BenchOptions {
+                    repeat: 0,
+                    ..small()
+                },
+                "--repeat 0",
+            ),
+            (
+                BenchOptions {
+                    ttft_len: 0,
+                    ..small()
+                },
+                "--ttft-len 0",
+            ),
+            (
+                BenchOptions {
+                    batches: vec![2, 0],
+                    ..small()
+                },
+                "--batch has a size of 0",
+            ),
+            (
+                BenchOptions {
+                    batch_tokens: 1,
+                    ..small()
+                },
+                "--batch-tokens 1",
+            ),
+        ] {
+            let m = refused(&mut engine, opts);
+            assert!(m.contains(says), "{m}");
+        }
+        // Past the model's 512 positions: the engine's own refusal, with the flags that asked.
+        let m = refused(
+            &mut engine,
+            BenchOptions {
+                prompt_lens: vec![3, 510],
+                ..small()
+            },
+        );
+        assert!(
+            m.starts_with("--prompt-lens 3,510 at --max-tokens 3")
+                && m.contains("prompt 1: 510 prompt tokens + max_tokens 3 = 513")
+                && m.contains("max_position_embeddings"),
+            "{m}"
+        );
+        let m = refused(
+            &mut engine,
+            BenchOptions {
+                ttft_len: 600,
+                ..small()
+            },
+        );
+        assert!(
+            m.starts_with("--ttft-len 600: prompt 0: 600 prompt tokens"),
+            "{m}"
+        );
+        let m = refused(
+            &mut engine,
+            BenchOptions {
+                batches: vec![2, 4],
+                ..small()
+            },
+        );
+        assert!(
+            m.starts_with("--batch 4 at --batch-tokens 6")
+                && m.contains("exceeds this engine's --max-batch 2"),
+            "{m}"
+        );
+        // Two prompts of 300 and 40 tokens to 100 each: 399 + 139 positions, 25 + 9 blocks of
+        // 16, where a pool of 32 blocks holds each alone but not both.
+        let m = refused(
+            &mut tiny_llama(32, 2),
+            BenchOptions {
+                prompt_lens: vec![300, 40],
+                batch_tokens: 100,
+                ..small()
+            },
+        );
+        assert!(
+            m.contains("its 2 prompts need 34 KV blocks at once and the pool holds 32")
+                && m.contains("--num-blocks"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn per_token_figures_are_given_per_prompt_length_from_that_lengths_samples() {
+        let mut engine = tiny_llama(64, 2);
+        let opts = small();
         let out = bench(&mut engine, &opts).unwrap();
         // Batch 2's wall split: its prefill, and the step each of its 5 further tokens added. The
         // step is a difference of two walls, whose sign a busy test box can flip: only finite.

@@ -167,6 +167,13 @@ impl Engine {
         self.max_batch
     }
 
+    /// KV blocks a sequence of `prompt_len` tokens holds once it has made `max_tokens`.
+    pub fn blocks_needed(&self, prompt_len: usize, max_tokens: usize) -> usize {
+        self.alloc
+            .shape()
+            .blocks_for(kv_tokens(prompt_len, max_tokens))
+    }
+
     /// Checks a whole request before any of it runs: token ids, lengths, the pool.
     pub fn validate(
         &self,
