@@ -88,14 +88,20 @@ struct GenerateArgs {
     /// A prompts.json file (`{"schema": 1, "prompts": [{"id": ..., "tokens": [...]}]}`).
     #[arg(long, conflicts_with = "prompt")]
     prompts: Option<PathBuf>,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one())]
     max_tokens: usize,
     /// Do not stop at an EOS token.
     #[arg(long)]
     ignore_eos: bool,
     /// Prompts in flight together.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     batch: usize,
+}
+
+/// A count of 1 or more, refused by clap with the flag's name (the engine's own refusal of a 0
+/// speaks of the serve protocol's requests).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
 }
 
 #[derive(Deserialize)]

@@ -234,6 +234,25 @@ fn a_negative_epsilon_and_max_batch_zero_are_refused() {
     assert_eq!(leg.wait().code(), Some(1));
 }
 
+/// `engine generate` refuses a count of 0 by its flag, before loading anything, rather than
+/// with the serve protocol's malformed-request text.
+#[test]
+fn generate_refuses_zero_tokens_or_batch_by_the_flag() {
+    for flag in ["--max-tokens", "--batch"] {
+        let out = std::process::Command::new(common::engine_bin())
+            .args(["generate", "--prompt", "1,2", flag, "0", "--model"])
+            .arg(model_dir("tiny-llama"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("invalid value '0' for '{flag}")) && !err.contains("protocol"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_hybrid_missing_a_mamba_tensor_or_asked_for_cuda_is_named() {
     let tmp = copy_model("tiny-nemotron-h");
