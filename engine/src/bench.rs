@@ -164,13 +164,19 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
         .map(|(i, &n)| synthetic_prompt(n, vocab, opts.seed + i as u64))
         .collect();
     let ttft_prompt = synthetic_prompt(opts.ttft_len, vocab, opts.seed + 1000);
-    let batch_prompts = |batch: usize| -> Vec<Vec<u32>> {
-        batch_prompt_lens(&opts.prompt_lens, batch)
-            .into_iter()
-            .enumerate()
-            .map(|(i, len)| synthetic_prompt(len, vocab, opts.seed + 2000 + i as u64))
-            .collect()
-    };
+    // Each batch's prompts: the timed lengths in turn, all in flight at once.
+    let batch_sets: Vec<(usize, Vec<Vec<u32>>)> = opts
+        .batches
+        .iter()
+        .map(|&batch| {
+            let prompts = batch_prompt_lens(&opts.prompt_lens, batch)
+                .into_iter()
+                .enumerate()
+                .map(|(i, len)| synthetic_prompt(len, vocab, opts.seed + 2000 + i as u64))
+                .collect();
+            (batch, prompts)
+        })
+        .collect();
     // Every request before any is timed: a bad setting fails now, not minutes in.
     check_request(engine, &prompts, opts.max_tokens, 1, || {
         let lens: Vec<String> = opts.prompt_lens.iter().map(usize::to_string).collect();
@@ -183,19 +189,13 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
     check_request(engine, std::slice::from_ref(&ttft_prompt), 1, 1, || {
         format!("--ttft-len {}", opts.ttft_len)
     })?;
-    for &batch in &opts.batches {
-        check_request(
-            engine,
-            &batch_prompts(batch),
-            opts.batch_tokens,
-            batch,
-            || {
-                format!(
-                    "--batch {batch} at --batch-tokens {} (its prompts the --prompt-lens in turn)",
-                    opts.batch_tokens
-                )
-            },
-        )?;
+    for (batch, batch_prompts) in &batch_sets {
+        check_request(engine, batch_prompts, opts.batch_tokens, *batch, || {
+            format!(
+                "--batch {batch} at --batch-tokens {} (its prompts the --prompt-lens in turn)",
+                opts.batch_tokens
+            )
+        })?;
     }
     // Warm-up: every shape the timed runs use.
     run(engine, prompts.clone(), opts.max_tokens, 1)?;
@@ -218,9 +218,7 @@ pub fn bench(engine: &mut Engine, opts: &BenchOptions) -> Result<serde_json::Val
     let median = |v: &[f64]| stats::median(v).unwrap_or(f64::NAN);
     let mut batches = serde_json::Map::new();
     let mut phases = serde_json::Map::new();
-    for &batch in &opts.batches {
-        // `batch` prompts of the timed lengths in turn, all in flight at once.
-        let batch_prompts = batch_prompts(batch);
+    for (batch, batch_prompts) in batch_sets {
         run(engine, batch_prompts.clone(), opts.batch_tokens, batch)?;
         // The orchestrator's split of a batch (docs/PROTOCOL.md): its prefill is the wall of
         // max_tokens = 1, its decode step what each further token adds.

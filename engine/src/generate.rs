@@ -291,7 +291,7 @@ impl Engine {
                 });
             }
             let needed_tokens = kv_tokens(prompt.len(), max_tokens);
-            let needed_blocks = pool.blocks_for(needed_tokens);
+            let needed_blocks = self.blocks_needed(prompt.len(), max_tokens);
             if needed_blocks > pool.num_blocks {
                 return Err(Error::OverCapacity {
                     prompt: p,

@@ -62,7 +62,7 @@ pub fn bytes_per_token(cfg: &ModelConfig) -> usize {
 /// 44% of the weights' bytes.
 pub fn bytes_per_step(cfg: &ModelConfig, contexts: &[usize]) -> usize {
     let rows = contexts.len();
-    let kv_per_position = cfg.kv_layers() * 2 * cfg.kv_dim() * BF16;
+    let kv_per_position = crate::kv::bytes_per_token(cfg, BF16);
     let untied_rows = if cfg.tie_word_embeddings {
         0
     } else {
