@@ -1,7 +1,8 @@
 //! Which path each decode batch runs (plan.rs [`StepPath`]): batch 1 the GEMVs, batches over
 //! [`plan::MAX_GEMV_BATCH`] cuBLAS, and batches 2-8 whichever ran the step faster at load: the
-//! step of min(8, `--max-batch`) rows is captured on each path and its graph replayed between
-//! two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
+//! step of min(8, `--max-batch`) rows, standing at contexts spread below [`TIMED_CONTEXT`]
+//! positions and each in a state slot of its own, is captured on each path and its graph
+//! replayed between two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
 //! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
 //! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
 //! shapes with the kernel chosen for each, the decode attention kernel and the batch timed, so a
@@ -89,6 +90,17 @@ impl Default for StepPaths {
 const WARM: usize = 2;
 const REPLAYS: usize = 10;
 
+/// The timed step's rows stand at contexts spread evenly below this many positions, as a
+/// served batch's do, each over blocks of its own: at position 0 the attention reads nothing,
+/// and there the two paths ranked unlike their served steps (docs/ENGINE.md, session 47).
+const TIMED_CONTEXT: usize = 1024;
+
+/// Position of row `r` of `batch` timed rows: the middle of its share of [`TIMED_CONTEXT`],
+/// within the model's context.
+fn timed_position(r: usize, batch: usize, max_position: usize) -> usize {
+    ((2 * r + 1) * TIMED_CONTEXT / (2 * batch)).min(max_position.saturating_sub(1))
+}
+
 impl CudaBackend {
     /// The cache key of this model's step at `batch`: what the two paths' times depend on besides
     /// the kernels' source and the GPU (which name the cache file): each GEMV shape with the
@@ -111,12 +123,41 @@ impl CudaBackend {
         )
     }
 
+    /// Stages the timed step's `batch` rows as a served batch's stand: each at its
+    /// [`timed_position`] over KV blocks of its own while the pool has them (then from block 0
+    /// again), and a hybrid's each in a state slot of its own (the pool has one per row), so the
+    /// step reads and writes what a served one does; on one slot the rows' Mamba states (4 MiB a
+    /// layer on Nemotron-H-8B) would stay in the L2. `reset` puts every row back at position 0,
+    /// block 0 and slot 0. What the rows write is in free blocks and slots, which a prefill
+    /// overwrites or starts from zeros before any read.
+    fn stage_timed_rows(&mut self, batch: usize, reset: bool) -> Result<()> {
+        let (bs, mb) = (self.pool.block_size, self.dec.layout.max_blocks);
+        let mut pos = vec![0i32; batch];
+        let mut slots = vec![0i32; batch];
+        self.host_tables.fill(0);
+        if !reset {
+            for (r, s) in slots.iter_mut().enumerate() {
+                *s = (r % self.pool.state_slots.max(1)) as i32;
+            }
+            let mut next = 0;
+            for (r, p) in pos.iter_mut().enumerate() {
+                let at = timed_position(r, batch, self.cfg.max_position_embeddings);
+                *p = at as i32;
+                for e in &mut self.host_tables[r * mb..][..(at + 1).div_ceil(bs).min(mb)] {
+                    *e = (next % self.pool.num_blocks) as i32;
+                    next += 1;
+                }
+            }
+        }
+        self.dec.positions.write(0, &pos)?;
+        self.dec.slots.write(0, &slots)?;
+        self.dec.tables.write(0, &self.host_tables[..batch * mb])
+    }
+
     /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
     /// graphs are off or the capture fails) replayed [`WARM`] times, then [`REPLAYS`] times
     /// between two events; and, where graphs are on and the capture failed, why. The step runs
-    /// on whatever the decode buffers hold (no sequence is admitted yet: the rows write the KV
-    /// pool's block 0 and state slot 0, which a prefill overwrites or starts from zeros before
-    /// any read).
+    /// on the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet).
     fn time_step(&self, batch: usize, path: StepPath) -> Result<(f64, Option<String>)> {
         let (graph, uncaptured) = match self.use_graphs.then(|| self.capture(batch, path)) {
             Some(Ok(g)) => (Some(g), None),
@@ -164,10 +205,12 @@ impl CudaBackend {
             None => {
                 // The profiler's per-kernel marks are for the steps of requests, not these.
                 let profiler = self.profiler.take();
-                let timed = self
-                    .time_step(batch, StepPath::Gemv)
-                    .and_then(|g| Ok((g, self.time_step(batch, StepPath::Blas)?)));
+                let timed = self.stage_timed_rows(batch, false).and_then(|()| {
+                    let g = self.time_step(batch, StepPath::Gemv)?;
+                    Ok((g, self.time_step(batch, StepPath::Blas)?))
+                });
                 self.profiler = profiler;
+                self.stage_timed_rows(batch, true)?;
                 let ((gemv_ms, gemv_uncaptured), (blas_ms, blas_uncaptured)) = timed?;
                 let t = PathTiming {
                     key,
@@ -263,7 +306,10 @@ fn path_key(
             None => format!("{role}:{r}x{c}x{n}"),
         })
         .collect();
-    format!("cublasLt{lt_version};{};{attention}", shapes.join(","))
+    format!(
+        "cublasLt{lt_version};{};{attention};ctx{TIMED_CONTEXT}",
+        shapes.join(",")
+    )
 }
 
 #[cfg(test)]
@@ -300,6 +346,18 @@ mod tests {
         };
         let back: PathTiming = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
         assert_eq!(back, t);
+    }
+
+    /// The timed rows stand at distinct contexts spread over [`TIMED_CONTEXT`] (their mean its
+    /// middle), and never past the model's context.
+    #[test]
+    fn timed_rows_spread_over_the_timed_context_within_the_model() {
+        let at: Vec<usize> = (0..8).map(|r| timed_position(r, 8, 131_072)).collect();
+        assert_eq!(at, [64, 192, 320, 448, 576, 704, 832, 960]);
+        assert_eq!(timed_position(0, 2, 131_072), 256);
+        assert_eq!(timed_position(1, 2, 131_072), 768);
+        assert_eq!(timed_position(7, 8, 512), 511);
+        assert_eq!(timed_position(0, 8, 32), 31);
     }
 
     #[test]
