@@ -2,12 +2,12 @@
 //! [`plan::MAX_GEMV_BATCH`] cuBLAS, and batches 2-8 whichever ran the step faster at load: the
 //! step of min(8, `--max-batch`) rows, standing at contexts spread below [`TIMED_CONTEXT`]
 //! positions and each in a state slot of its own, is captured on each path and its graph
-//! replayed between two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so
-//! machines of one kind choose alike). The choice is cached beside the GEMV tuning, keyed by the
-//! kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version, the model's GEMV
-//! shapes with the kernel chosen for each, the decode attention kernel and the batch timed, so a
-//! machine times a model once; `ready.features.step_paths`
-//! reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
+//! replayed between two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on
+//! the GEMVs, so machines of one kind choose alike). The choice is cached beside the GEMV
+//! tuning, keyed by the kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version,
+//! the model's GEMV shapes with the kernel chosen for each, the decode attention kernel, the
+//! timed context and the batch timed, so a machine times a model once;
+//! `ready.features.step_paths` reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
 //! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A
 //! row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs; batch 1 has
 //! attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu), so batches
