@@ -2,11 +2,12 @@
 //! [`plan::MAX_GEMV_BATCH`] cuBLAS, and batches 2-8 whichever ran the step faster at load: the
 //! step of min(8, `--max-batch`) rows, standing at contexts spread below [`TIMED_CONTEXT`]
 //! positions and each in a state slot of its own, is captured on each path and its graph
-//! replayed between two events, and cuBLAS must win by [`tune::MARGIN`] (a near draw stays on
-//! the GEMVs, so machines of one kind choose alike). The choice is cached beside the GEMV
+//! replayed between two events, the paths in alternated rounds ([`ROUNDS`]), and cuBLAS must
+//! win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so machines of one kind choose
+//! alike). The choice is cached beside the GEMV
 //! tuning, keyed by the kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version,
 //! the model's GEMV shapes with the kernel chosen for each, the decode attention kernel, the
-//! timed context and the batch timed, so a machine times a model once;
+//! timed context and rounds, and the batch timed, so a machine times a model once;
 //! `ready.features.step_paths` reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
 //! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A
 //! row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs; batch 1 has
@@ -86,9 +87,15 @@ impl Default for StepPaths {
     }
 }
 
-/// Untimed replays before the timed ones, and the timed ones.
+/// Untimed replays before each round's timed ones, and the timed ones of a round.
 const WARM: usize = 2;
 const REPLAYS: usize = 10;
+/// Rounds of [`REPLAYS`] per path, the paths alternated GEMVs-cuBLAS, cuBLAS-GEMVs, ... so that
+/// a clock drifting over the timing (a GPU warming up, or heating into its power cap, as the
+/// H100s of the records did) weighs on both alike; each path's time is the median of its rounds.
+/// Timed one path after the other, a box's load ranked the 8B's paths unlike its served steps
+/// (docs/ENGINE.md, session 49). Even, so a steady drift falls on both paths evenly.
+const ROUNDS: usize = 4;
 
 /// The timed step's rows stand at contexts spread evenly below this many positions, as a
 /// served batch's do, each over blocks of its own: at position 0 the attention reads nothing,
@@ -154,21 +161,28 @@ impl CudaBackend {
         self.dec.tables.write(0, &self.host_tables[..batch * mb])
     }
 
-    /// Milliseconds per step of `batch` rows on `path`: its graph (its kernels directly where
-    /// graphs are off or the capture fails) replayed [`WARM`] times, then [`REPLAYS`] times
-    /// between two events; and, where graphs are on and the capture failed, why. The step runs
-    /// on the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet).
-    fn time_step(&self, batch: usize, path: StepPath) -> Result<(f64, Option<String>)> {
-        let (graph, uncaptured) = match self.use_graphs.then(|| self.capture(batch, path)) {
-            Some(Ok(g)) => (Some(g), None),
-            Some(Err(e)) => (None, Some(e.to_string())),
-            None => (None, None),
-        };
-        let ms = self.time_runs(WARM, REPLAYS, || match &graph {
-            Some(g) => g.launch().map_err(driver_err("graph launch")),
-            None => self.step_kernels(batch, path),
+    /// Milliseconds per step of `batch` rows on the GEMVs and on cuBLAS: each path's graph (its
+    /// kernels directly where graphs are off or the capture fails) replayed [`WARM`] times, then
+    /// [`REPLAYS`] times between two events, in [`ROUNDS`] rounds alternated by
+    /// [`time_alternated`]; and, where graphs are on and a capture failed, why. The step runs on
+    /// the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet).
+    fn time_paths(&self, batch: usize) -> Result<[(f64, Option<String>); 2]> {
+        let [gemv, blas] = [StepPath::Gemv, StepPath::Blas].map(|path| {
+            match self.use_graphs.then(|| self.capture(batch, path)) {
+                Some(Ok(g)) => (path, Some(g), None),
+                Some(Err(e)) => (path, None, Some(e.to_string())),
+                None => (path, None, None),
+            }
+        });
+        let runs = [&gemv, &blas];
+        let [g_ms, b_ms] = time_alternated(ROUNDS, |i| {
+            let (path, graph, _) = runs[i];
+            self.time_runs(WARM, REPLAYS, || match graph {
+                Some(g) => g.launch().map_err(driver_err("graph launch")),
+                None => self.step_kernels(batch, *path),
+            })
         })?;
-        Ok((ms, uncaptured))
+        Ok([(g_ms, gemv.2), (b_ms, blas.2)])
     }
 
     /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after
@@ -205,13 +219,12 @@ impl CudaBackend {
             None => {
                 // The profiler's per-kernel marks are for the steps of requests, not these.
                 let profiler = self.profiler.take();
-                let timed = self.stage_timed_rows(batch, false).and_then(|()| {
-                    let g = self.time_step(batch, StepPath::Gemv)?;
-                    Ok((g, self.time_step(batch, StepPath::Blas)?))
-                });
+                let timed = self
+                    .stage_timed_rows(batch, false)
+                    .and_then(|()| self.time_paths(batch));
                 self.profiler = profiler;
                 self.stage_timed_rows(batch, true)?;
-                let ((gemv_ms, gemv_uncaptured), (blas_ms, blas_uncaptured)) = timed?;
+                let [(gemv_ms, gemv_uncaptured), (blas_ms, blas_uncaptured)] = timed?;
                 let t = PathTiming {
                     key,
                     batch,
@@ -256,6 +269,20 @@ impl CudaBackend {
         };
         Ok(())
     }
+}
+
+/// Each of two things' median over `rounds` timings by `time(i)`, taken in the order 0 1, 1 0,
+/// 0 1, ...: over an even number of rounds a drift that grows steadily from one timing to the
+/// next adds as much to one as to the other, and the median passes over a round that a passing
+/// stall spoiled.
+fn time_alternated(rounds: usize, mut time: impl FnMut(usize) -> Result<f64>) -> Result<[f64; 2]> {
+    let mut ms = [Vec::with_capacity(rounds), Vec::with_capacity(rounds)];
+    for r in 0..rounds {
+        for i in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
+            ms[i].push(time(i)?);
+        }
+    }
+    Ok(ms.map(|v| stats::median(&v).unwrap_or(f64::NAN)))
 }
 
 /// The step path's timing in a file of pinned choices (tune.rs [`tune::pinned`]), as `engine
@@ -307,7 +334,7 @@ fn path_key(
         })
         .collect();
     format!(
-        "cublasLt{lt_version};{};{attention};ctx{TIMED_CONTEXT}",
+        "cublasLt{lt_version};{};{attention};ctx{TIMED_CONTEXT};rounds{ROUNDS}",
         shapes.join(",")
     )
 }
@@ -315,6 +342,8 @@ fn path_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
 
     fn timing(gemv_ms: f64, blas_ms: f64) -> PathTiming {
         PathTiming {
@@ -346,6 +375,74 @@ mod tests {
         };
         let back: PathTiming = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
         assert_eq!(back, t);
+    }
+
+    /// A timer for [`time_alternated`] whose every timing reads `drift` more than the one
+    /// before it, over each thing's own time (`ms[i]`), and which logs the order asked.
+    fn drifting(
+        ms: [f64; 2],
+        drift: f64,
+    ) -> (impl FnMut(usize) -> Result<f64>, Rc<RefCell<Vec<usize>>>) {
+        let asked = Rc::new(RefCell::new(Vec::new()));
+        let log = asked.clone();
+        let timer = move |i: usize| {
+            let n = log.borrow().len();
+            log.borrow_mut().push(i);
+            Ok(ms[i] + drift * n as f64)
+        };
+        (timer, asked)
+    }
+
+    /// Two paths alike under a clock that drifts through the timing come out alike, where
+    /// timing one after the other would charge all the drift to the second; a path 1.5% faster
+    /// stays faster under a drift of 1% a round, which timed one after the other ranks it
+    /// slower.
+    #[test]
+    fn alternated_rounds_charge_a_steady_drift_to_neither_path() {
+        let (timer, asked) = drifting([6.0, 6.0], 0.06);
+        let [g, b] = time_alternated(ROUNDS, timer).unwrap();
+        assert_eq!(*asked.borrow(), [0, 1, 1, 0, 0, 1, 1, 0]);
+        assert!((g - b).abs() < 1e-9, "{g} {b}");
+        assert_eq!(timing(g, b).chosen(), StepPath::Gemv);
+
+        let (gemv, blas) = (6.0, 6.0 * 0.985);
+        let (timer, _) = drifting([gemv, blas], 0.06);
+        let [g, b] = time_alternated(ROUNDS, timer).unwrap();
+        assert!(
+            (g - gemv - b + blas).abs() < 1e-9,
+            "{g} {b}: the drift fell unevenly"
+        );
+        let (mut one_then_other, _) = drifting([gemv, blas], 0.06);
+        let firsts: Vec<f64> = (0..ROUNDS).map(|_| one_then_other(0).unwrap()).collect();
+        let seconds: Vec<f64> = (0..ROUNDS).map(|_| one_then_other(1).unwrap()).collect();
+        assert!(stats::median(&seconds) > stats::median(&firsts));
+    }
+
+    /// A round that a passing stall spoiled does not move a path's time, and a failed timing
+    /// is the timing's error.
+    #[test]
+    fn alternated_rounds_take_each_paths_median_and_stop_at_an_error() {
+        let mut n = 0;
+        let [g, b] = time_alternated(ROUNDS, |i| {
+            n += 1;
+            Ok(if n == 3 { 60.0 } else { [6.0, 5.0][i] })
+        })
+        .unwrap();
+        assert_eq!([g, b], [6.0, 5.0]);
+        let mut calls = 0;
+        let err = time_alternated(ROUNDS, |_| {
+            calls += 1;
+            if calls == 2 {
+                Err(Error::Internal {
+                    message: "graph launch failed".into(),
+                })
+            } else {
+                Ok(1.0)
+            }
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("graph launch failed"), "{err}");
+        assert_eq!(calls, 2);
     }
 
     /// The timed rows stand at distinct contexts spread over [`TIMED_CONTEXT`] (their mean its
