@@ -91,10 +91,10 @@ impl Default for StepPaths {
 const WARM: usize = 2;
 const REPLAYS: usize = 10;
 /// Rounds of [`REPLAYS`] per path, the paths alternated GEMVs-cuBLAS, cuBLAS-GEMVs, ... so that
-/// a clock drifting over the timing (a GPU warming up, or heating into its power cap, as the
-/// H100s of the records did) weighs on both alike; each path's time is the median of its rounds.
-/// Timed one path after the other, a box's load ranked the 8B's paths unlike its served steps
-/// (docs/ENGINE.md, session 49). Even, so a steady drift falls on both paths evenly.
+/// a clock drifting over the timing weighs on both alike (the GEMM tuning just before it holds
+/// an 8B's H100 at its power cap, the SM clock between 1,515 and 1,980 MHz: docs/ENGINE.md,
+/// session 49); each path's time is the median of its rounds. Even, so a steady drift falls on
+/// both paths evenly.
 const ROUNDS: usize = 4;
 
 /// The timed step's rows stand at contexts spread evenly below this many positions, as a
