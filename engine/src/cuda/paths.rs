@@ -4,12 +4,12 @@
 //! positions and each in a state slot of its own, is captured on each path and its graph
 //! replayed between two events, the paths in alternated rounds ([`ROUNDS`]), and cuBLAS must
 //! win by [`tune::MARGIN`] (a near draw stays on the GEMVs, so machines of one kind choose
-//! alike). The choice is cached beside the GEMV
-//! tuning, keyed by the kernels' cache key, the GPU and its multiprocessors, cuBLASLt's version,
-//! the model's GEMV shapes with the kernel chosen for each, the decode attention kernel, the
-//! timed context and rounds, and the batch timed, so a machine times a model once;
-//! `ready.features.step_paths` reports it. Where `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path
-//! is taken too ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A
+//! alike). The choice is cached beside the GEMV tuning, keyed by the kernels' cache key, the GPU
+//! and its multiprocessors, cuBLASLt's version, the model's GEMV shapes with the kernel chosen
+//! for each, the decode attention kernel, the timed context and rounds, and the batch timed, so
+//! a machine times a model once; `ready.features.step_paths` reports it. Where
+//! `ENGINE_GEMV_TUNING` pins the GEMV choices (tune.rs), the file's step path is taken too
+//! ([`pinned_path`]): an A/B on one set of choices runs its batches on one path. A
 //! row's bits depend on the path (bf16 activations on cuBLAS, f32 on the GEMVs; batch 1 has
 //! attention.cu and GEMV kernels of its own, every larger batch attention_batch.cu), so batches
 //! of another path than batch 1 are held to the token gate at their own batch size
@@ -167,22 +167,22 @@ impl CudaBackend {
     /// [`time_alternated`]; and, where graphs are on and a capture failed, why. The step runs on
     /// the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet).
     fn time_paths(&self, batch: usize) -> Result<[(f64, Option<String>); 2]> {
-        let [gemv, blas] = [StepPath::Gemv, StepPath::Blas].map(|path| {
-            match self.use_graphs.then(|| self.capture(batch, path)) {
-                Some(Ok(g)) => (path, Some(g), None),
-                Some(Err(e)) => (path, None, Some(e.to_string())),
-                None => (path, None, None),
-            }
-        });
-        let runs = [&gemv, &blas];
+        let paths = [StepPath::Gemv, StepPath::Blas];
+        let captured = paths.map(
+            |path| match self.use_graphs.then(|| self.capture(batch, path)) {
+                Some(Ok(g)) => (Some(g), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+                None => (None, None),
+            },
+        );
         let [g_ms, b_ms] = time_alternated(ROUNDS, |i| {
-            let (path, graph, _) = runs[i];
-            self.time_runs(WARM, REPLAYS, || match graph {
+            self.time_runs(WARM, REPLAYS, || match &captured[i].0 {
                 Some(g) => g.launch().map_err(driver_err("graph launch")),
-                None => self.step_kernels(batch, *path),
+                None => self.step_kernels(batch, paths[i]),
             })
         })?;
-        Ok([(g_ms, gemv.2), (b_ms, blas.2)])
+        let [(_, gemv_uncaptured), (_, blas_uncaptured)] = captured;
+        Ok([(g_ms, gemv_uncaptured), (b_ms, blas_uncaptured)])
     }
 
     /// Chooses the path of batches 2-8 (or reads it from the cache); the graphs captured after
