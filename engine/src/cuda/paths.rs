@@ -102,10 +102,52 @@ const ROUNDS: usize = 4;
 /// and there the two paths ranked unlike their served steps (docs/ENGINE.md, session 47).
 const TIMED_CONTEXT: usize = 1024;
 
+/// Steps one timing of a path runs, each advancing every row by one position (argmax.cu
+/// `advance`, as a served step's graph does): the rows are staged again before each round, and
+/// stand far enough from the model's end that the last of these steps is within it.
+const TIMED_STEPS: usize = WARM + REPLAYS;
+
 /// Position of row `r` of `batch` timed rows: the middle of its share of [`TIMED_CONTEXT`],
-/// within the model's context.
+/// with room for [`TIMED_STEPS`] within the model's context.
 fn timed_position(r: usize, batch: usize, max_position: usize) -> usize {
-    ((2 * r + 1) * TIMED_CONTEXT / (2 * batch)).min(max_position.saturating_sub(1))
+    ((2 * r + 1) * TIMED_CONTEXT / (2 * batch)).min(max_position.saturating_sub(TIMED_STEPS))
+}
+
+/// The timed rows as staged on the device: each row's position and its block table
+/// (`max_blocks` entries a row), covering every position a round's [`TIMED_STEPS`] reach with
+/// blocks of its own while the pool has them (then from block 0 again). Rows staged once, at
+/// the model's last position, stepped 96 positions past it over the rounds, through entries
+/// past their row's and, on the last row, past the tables buffer (tiny-llama, 512 positions, at
+/// --max-batch 4: an illegal address at load).
+#[derive(Debug, PartialEq)]
+struct TimedRows {
+    positions: Vec<i32>,
+    tables: Vec<i32>,
+}
+
+impl TimedRows {
+    fn new(
+        batch: usize,
+        max_position: usize,
+        block_size: usize,
+        max_blocks: usize,
+        num_blocks: usize,
+    ) -> Self {
+        let mut tables = vec![0i32; batch * max_blocks];
+        let mut next = 0;
+        let positions = (0..batch)
+            .map(|r| {
+                let at = timed_position(r, batch, max_position);
+                let reached = (at + TIMED_STEPS).div_ceil(block_size).min(max_blocks);
+                for e in &mut tables[r * max_blocks..][..reached] {
+                    *e = (next % num_blocks) as i32;
+                    next += 1;
+                }
+                at as i32
+            })
+            .collect();
+        Self { positions, tables }
+    }
 }
 
 impl CudaBackend {
@@ -130,43 +172,51 @@ impl CudaBackend {
         )
     }
 
-    /// Stages the timed step's `batch` rows as a served batch's stand: each at its
-    /// [`timed_position`] over KV blocks of its own while the pool has them (then from block 0
-    /// again), and a hybrid's each in a state slot of its own (the pool has one per row), so the
-    /// step reads and writes what a served one does; on one slot the rows' Mamba states (4 MiB a
-    /// layer on Nemotron-H-8B) would stay in the L2. `reset` puts every row back at position 0,
-    /// block 0 and slot 0. What the rows write is in free blocks and slots, which a prefill
-    /// overwrites or starts from zeros before any read.
-    fn stage_timed_rows(&mut self, batch: usize, reset: bool) -> Result<()> {
-        let (bs, mb) = (self.pool.block_size, self.dec.layout.max_blocks);
-        let mut pos = vec![0i32; batch];
-        let mut slots = vec![0i32; batch];
-        self.host_tables.fill(0);
-        if !reset {
-            for (r, s) in slots.iter_mut().enumerate() {
-                *s = (r % self.pool.state_slots.max(1)) as i32;
+    /// Stages the timed step's `batch` rows as a served batch's stand ([`TimedRows`]), and a
+    /// hybrid's each in a state slot of its own (the pool has one per row), so the step reads
+    /// and writes what a served one does; on one slot the rows' Mamba states (4 MiB a layer on
+    /// Nemotron-H-8B) would stay in the L2. Returns the positions, which each round stages
+    /// again. `reset` puts every row back at position 0, block 0 and slot 0. What the rows
+    /// write is in free blocks and slots, which a prefill overwrites or starts from zeros
+    /// before any read.
+    fn stage_timed_rows(&self, batch: usize, reset: bool) -> Result<Vec<i32>> {
+        let mb = self.dec.layout.max_blocks;
+        let rows = if reset {
+            TimedRows {
+                positions: vec![0; batch],
+                tables: vec![0; batch * mb],
             }
-            let mut next = 0;
-            for (r, p) in pos.iter_mut().enumerate() {
-                let at = timed_position(r, batch, self.cfg.max_position_embeddings);
-                *p = at as i32;
-                for e in &mut self.host_tables[r * mb..][..(at + 1).div_ceil(bs).min(mb)] {
-                    *e = (next % self.pool.num_blocks) as i32;
-                    next += 1;
+        } else {
+            TimedRows::new(
+                batch,
+                self.cfg.max_position_embeddings,
+                self.pool.block_size,
+                mb,
+                self.pool.num_blocks,
+            )
+        };
+        let slots: Vec<i32> = (0..batch)
+            .map(|r| {
+                if reset {
+                    0
+                } else {
+                    (r % self.pool.state_slots.max(1)) as i32
                 }
-            }
-        }
-        self.dec.positions.write(0, &pos)?;
+            })
+            .collect();
+        self.dec.positions.write(0, &rows.positions)?;
         self.dec.slots.write(0, &slots)?;
-        self.dec.tables.write(0, &self.host_tables[..batch * mb])
+        self.dec.tables.write(0, &rows.tables)?;
+        Ok(rows.positions)
     }
 
     /// Milliseconds per step of `batch` rows on the GEMVs and on cuBLAS: each path's graph (its
     /// kernels directly where graphs are off or the capture fails) replayed [`WARM`] times, then
     /// [`REPLAYS`] times between two events, in [`ROUNDS`] rounds alternated by
     /// [`time_alternated`]; and, where graphs are on and a capture failed, why. The step runs on
-    /// the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet).
-    fn time_paths(&self, batch: usize) -> Result<[(f64, Option<String>); 2]> {
+    /// the rows [`Self::stage_timed_rows`] staged (no sequence is admitted yet), each round
+    /// from their staged `positions`.
+    fn time_paths(&self, batch: usize, positions: &[i32]) -> Result<[(f64, Option<String>); 2]> {
         let paths = [StepPath::Gemv, StepPath::Blas];
         let captured = paths.map(
             |path| match self.use_graphs.then(|| self.capture(batch, path)) {
@@ -176,6 +226,7 @@ impl CudaBackend {
             },
         );
         let [g_ms, b_ms] = time_alternated(ROUNDS, |i| {
+            self.dec.positions.write(0, positions)?;
             self.time_runs(WARM, REPLAYS, || match &captured[i].0 {
                 Some(g) => g.launch().map_err(driver_err("graph launch")),
                 None => self.step_kernels(batch, paths[i]),
@@ -221,10 +272,12 @@ impl CudaBackend {
                 let profiler = self.profiler.take();
                 let timed = self
                     .stage_timed_rows(batch, false)
-                    .and_then(|()| self.time_paths(batch));
+                    .and_then(|positions| self.time_paths(batch, &positions));
                 self.profiler = profiler;
-                self.stage_timed_rows(batch, true)?;
+                // The timing's own error first: a fault in it fails the reset's copy too.
+                let reset = self.stage_timed_rows(batch, true);
                 let [(gemv_ms, gemv_uncaptured), (blas_ms, blas_uncaptured)] = timed?;
+                reset?;
                 let t = PathTiming {
                     key,
                     batch,
@@ -334,7 +387,7 @@ fn path_key(
         })
         .collect();
     format!(
-        "cublasLt{lt_version};{};{attention};ctx{TIMED_CONTEXT};rounds{ROUNDS}",
+        "cublasLt{lt_version};{};{attention};ctx{TIMED_CONTEXT};rounds{ROUNDS}x{TIMED_STEPS}",
         shapes.join(",")
     )
 }
@@ -446,15 +499,42 @@ mod tests {
     }
 
     /// The timed rows stand at distinct contexts spread over [`TIMED_CONTEXT`] (their mean its
-    /// middle), and never past the model's context.
+    /// middle), and a round's steps from there never pass the model's context.
     #[test]
     fn timed_rows_spread_over_the_timed_context_within_the_model() {
         let at: Vec<usize> = (0..8).map(|r| timed_position(r, 8, 131_072)).collect();
         assert_eq!(at, [64, 192, 320, 448, 576, 704, 832, 960]);
         assert_eq!(timed_position(0, 2, 131_072), 256);
         assert_eq!(timed_position(1, 2, 131_072), 768);
-        assert_eq!(timed_position(7, 8, 512), 511);
-        assert_eq!(timed_position(0, 8, 32), 31);
+        assert_eq!(timed_position(7, 8, 512), 512 - TIMED_STEPS);
+        assert_eq!(timed_position(0, 8, 32), 32 - TIMED_STEPS);
+    }
+
+    /// Every position a round's steps reach, from each row's staged one, is within the model
+    /// and within the row's table, at a block of the pool that no other row's table holds
+    /// while the pool has enough.
+    #[test]
+    fn a_rounds_steps_stay_within_each_rows_own_blocks() {
+        let cases: [(usize, usize, usize); 4] =
+            [(4, 512, 16), (8, 512, 16), (8, 131_072, 16), (2, 64, 1)];
+        for (batch, max_position, bs) in cases {
+            let mb = max_position.div_ceil(bs);
+            let num_blocks = batch * mb;
+            let rows = TimedRows::new(batch, max_position, bs, mb, num_blocks);
+            let mut owner = vec![None; num_blocks];
+            for (r, &at) in rows.positions.iter().enumerate() {
+                for p in at as usize..at as usize + TIMED_STEPS {
+                    let case = format!("batch {batch}, {max_position} positions, row {r} at {p}");
+                    assert!(p < max_position && p / bs < mb, "{case}");
+                    let block = rows.tables[r * mb + p / bs] as usize;
+                    assert!(block < num_blocks, "{case}");
+                    assert_eq!(*owner[block].get_or_insert(r), r, "{case}: block {block}");
+                }
+            }
+        }
+        // A pool smaller than the rows' blocks: its blocks again from 0, each still in it.
+        let rows = TimedRows::new(8, 512, 16, 32, 10);
+        assert!(rows.tables.iter().all(|&b| (0..10).contains(&b)));
     }
 
     #[test]
