@@ -113,16 +113,18 @@ fn timed_position(r: usize, batch: usize, max_position: usize) -> usize {
     ((2 * r + 1) * TIMED_CONTEXT / (2 * batch)).min(max_position.saturating_sub(TIMED_STEPS))
 }
 
-/// The timed rows as staged on the device: each row's position and its block table
-/// (`max_blocks` entries a row), covering every position a round's [`TIMED_STEPS`] reach with
-/// blocks of its own while the pool has them (then from block 0 again). Rows staged once, at
-/// the model's last position, stepped 96 positions past it over the rounds, through entries
-/// past their row's and, on the last row, past the tables buffer (tiny-llama, 512 positions, at
-/// --max-batch 4: an illegal address at load).
-#[derive(Debug, PartialEq)]
+/// The timed rows as staged on the device: each row's position, its block table (`max_blocks`
+/// entries a row), covering every position a round's [`TIMED_STEPS`] reach with blocks of its
+/// own while the pool has them (then from block 0 again), and its state slot, its own while
+/// the pool has one per row. Rows staged once, at the model's last position, stepped 96
+/// positions past it over the rounds, through entries past their row's and, on the last row,
+/// past the tables buffer (tiny-llama, 512 positions, at --max-batch 4: an illegal address at
+/// load).
+#[derive(Debug)]
 struct TimedRows {
     positions: Vec<i32>,
     tables: Vec<i32>,
+    slots: Vec<i32>,
 }
 
 impl TimedRows {
@@ -132,6 +134,7 @@ impl TimedRows {
         block_size: usize,
         max_blocks: usize,
         num_blocks: usize,
+        state_slots: usize,
     ) -> Self {
         let mut tables = vec![0i32; batch * max_blocks];
         let mut next = 0;
@@ -146,7 +149,23 @@ impl TimedRows {
                 at as i32
             })
             .collect();
-        Self { positions, tables }
+        let slots = (0..batch)
+            .map(|r| (r % state_slots.max(1)) as i32)
+            .collect();
+        Self {
+            positions,
+            tables,
+            slots,
+        }
+    }
+
+    /// Every row back at position 0, block 0 and slot 0.
+    fn reset(batch: usize, max_blocks: usize) -> Self {
+        Self {
+            positions: vec![0; batch],
+            tables: vec![0; batch * max_blocks],
+            slots: vec![0; batch],
+        }
     }
 }
 
@@ -172,7 +191,7 @@ impl CudaBackend {
         )
     }
 
-    /// Stages the timed step's `batch` rows as a served batch's stand ([`TimedRows`]), and a
+    /// Stages the timed step's `batch` rows as a served batch's stand ([`TimedRows`]), a
     /// hybrid's each in a state slot of its own (the pool has one per row), so the step reads
     /// and writes what a served one does; on one slot the rows' Mamba states (4 MiB a layer on
     /// Nemotron-H-8B) would stay in the L2. Returns the positions, which each round stages
@@ -182,10 +201,7 @@ impl CudaBackend {
     fn stage_timed_rows(&self, batch: usize, reset: bool) -> Result<Vec<i32>> {
         let mb = self.dec.layout.max_blocks;
         let rows = if reset {
-            TimedRows {
-                positions: vec![0; batch],
-                tables: vec![0; batch * mb],
-            }
+            TimedRows::reset(batch, mb)
         } else {
             TimedRows::new(
                 batch,
@@ -193,19 +209,11 @@ impl CudaBackend {
                 self.pool.block_size,
                 mb,
                 self.pool.num_blocks,
+                self.pool.state_slots,
             )
         };
-        let slots: Vec<i32> = (0..batch)
-            .map(|r| {
-                if reset {
-                    0
-                } else {
-                    (r % self.pool.state_slots.max(1)) as i32
-                }
-            })
-            .collect();
         self.dec.positions.write(0, &rows.positions)?;
-        self.dec.slots.write(0, &slots)?;
+        self.dec.slots.write(0, &rows.slots)?;
         self.dec.tables.write(0, &rows.tables)?;
         Ok(rows.positions)
     }
@@ -512,7 +520,7 @@ mod tests {
 
     /// Every position a round's steps reach, from each row's staged one, is within the model
     /// and within the row's table, at a block of the pool that no other row's table holds
-    /// while the pool has enough.
+    /// while the pool has enough; each row has a state slot of its own.
     #[test]
     fn a_rounds_steps_stay_within_each_rows_own_blocks() {
         let cases: [(usize, usize, usize); 4] =
@@ -520,7 +528,7 @@ mod tests {
         for (batch, max_position, bs) in cases {
             let mb = max_position.div_ceil(bs);
             let num_blocks = batch * mb;
-            let rows = TimedRows::new(batch, max_position, bs, mb, num_blocks);
+            let rows = TimedRows::new(batch, max_position, bs, mb, num_blocks, batch);
             let mut owner = vec![None; num_blocks];
             for (r, &at) in rows.positions.iter().enumerate() {
                 for p in at as usize..at as usize + TIMED_STEPS {
@@ -530,11 +538,14 @@ mod tests {
                     assert!(block < num_blocks, "{case}");
                     assert_eq!(*owner[block].get_or_insert(r), r, "{case}: block {block}");
                 }
+                assert_eq!(rows.slots[r], r as i32, "batch {batch}: row {r}'s slot");
             }
         }
         // A pool smaller than the rows' blocks: its blocks again from 0, each still in it.
-        let rows = TimedRows::new(8, 512, 16, 32, 10);
+        let rows = TimedRows::new(8, 512, 16, 32, 10, 0);
         assert!(rows.tables.iter().all(|&b| (0..10).contains(&b)));
+        // A model without state slots: every row's slot 0, unused.
+        assert!(rows.slots.iter().all(|&s| s == 0));
     }
 
     #[test]
